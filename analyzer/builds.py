@@ -1,0 +1,255 @@
+"""Builds: one folder per content-hashed key under ``builds/``, made by a child process, reused when present.
+
+A build folder holds ``model.mlpackage``, ``analysis.json`` and ``build.log``. The child
+(``python -m analyzer.convert``) writes into ``builds/.tmp-<key>-<pid>/`` and renames it into place only
+when everything is written, so an interrupted build never leaves a folder that looks finished. Shared
+state lives on disk with file locks (several Streamlit sessions and CLIs may build at once): one lock per
+key (two requests for the same build wait for one conversion) and one machine-wide conversion lock
+(a full-size conversion needs ~15 GB: design.md), so further conversions queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analyzer.errors import BuildError, QfoldError
+from analyzer.sources import ModelSource
+
+ANALYSIS_FILE = "analysis.json"
+PACKAGE_NAME = "model.mlpackage"
+LOG_FILE = "build.log"
+PROGRESS_PREFIX = "@@qfold "  # child → parent protocol: one JSON object per line after this prefix
+DEFAULT_EQUIVALENCE_STEPS = 8
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def builds_dir(path: str | Path | None = None) -> Path:
+    """``--builds-dir``, else ``$QFOLD_BUILDS``, else ``builds/`` beside the code."""
+    return Path(path or os.environ.get("QFOLD_BUILDS") or REPO_ROOT / "builds")
+
+
+def tool_versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    import analyzer
+
+    out = {"qfold": analyzer.__version__}
+    for pkg in ("torch", "coremltools", "transformers", "numpy"):
+        out[pkg] = version(pkg)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BuildSpec:
+    source: ModelSource
+    variant: str
+    kv_mode: str = "state"
+    ctx: int = 4096
+    compression: str | None = None  # canonical compression spec text (analyzer.compress), None = fp16
+    equivalence_steps: int = DEFAULT_EQUIVALENCE_STEPS
+
+    def __post_init__(self) -> None:
+        from analyzer.decode import KV_MODES
+        from analyzer.variants import get_variant
+
+        get_variant(self.variant)
+        if self.kv_mode not in KV_MODES:
+            raise QfoldError(f"--kv {self.kv_mode!r}: choose one of {', '.join(KV_MODES)}")
+        if not isinstance(self.ctx, int) or self.ctx < 1:
+            raise QfoldError(f"--ctx {self.ctx!r}: must be a positive integer")
+        if not 1 <= self.equivalence_steps <= self.ctx:
+            raise QfoldError(f"equivalence steps {self.equivalence_steps}: must be between 1 and ctx={self.ctx}")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything that changes the converted model or its analysis."""
+        return {
+            "source": self.source.fingerprint(),
+            "variant": self.variant,
+            "kv_mode": self.kv_mode,
+            "ctx": self.ctx,
+            "compression": self.compression,
+            "equivalence_steps": self.equivalence_steps,
+            "target": "iOS18",
+            "compute_precision": "fp16",
+            "versions": tool_versions(),
+        }
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(json.dumps(self.fingerprint(), sort_keys=True).encode()).hexdigest()[:10]
+        parts = [self.source.label, self.variant, self.kv_mode, f"ctx{self.ctx}"]
+        if self.compression:
+            parts.append(_short(self.compression))
+        return "-".join(parts + [digest])
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.source
+        return {
+            "source": {"kind": s.kind, "ref": s.ref, "label": s.label, "overrides": list(s.overrides),
+                       "fingerprint": s.fingerprint()},
+            "variant": self.variant,
+            "kv_mode": self.kv_mode,
+            "ctx": self.ctx,
+            "compression": self.compression,
+            "equivalence_steps": self.equivalence_steps,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BuildSpec:
+        from analyzer.sources import source_from_fingerprint
+
+        s = d["source"]
+        source = source_from_fingerprint(s["kind"], s["ref"], s["label"], s["fingerprint"], s["overrides"])
+        return cls(source, d["variant"], d["kv_mode"], d["ctx"], d["compression"], d["equivalence_steps"])
+
+
+def _short(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9]+", "", text)[:16] or "custom"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    fraction: float
+    stage: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class BuildResult:
+    key: str
+    path: Path
+    reused: bool
+    seconds: float
+
+
+def build_path(spec: BuildSpec, root: str | Path | None = None) -> Path:
+    return builds_dir(root) / spec.key
+
+
+def is_complete(path: Path) -> bool:
+    return (path / ANALYSIS_FILE).is_file()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_tmp(root: Path) -> list[Path]:
+    """Remove ``.tmp-<key>-<pid>`` folders whose process is gone (a killed build)."""
+    removed = []
+    for tmp in root.glob(".tmp-*"):
+        pid_text = tmp.name.rsplit("-", 1)[-1]
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+def run_build(spec: BuildSpec, root: str | Path | None = None,
+              on_progress: Callable[[Progress], None] | None = None,
+              timeout_s: float | None = None) -> BuildResult:
+    """Return the build for ``spec``, converting it in a child process unless it already exists."""
+    t0 = time.monotonic()
+    root = builds_dir(root)
+    final = root / spec.key
+    if is_complete(final):
+        return BuildResult(spec.key, final, True, 0.0)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / ".logs").mkdir(exist_ok=True)
+    request = root / ".logs" / f"{spec.key}.request.json"
+    request.write_text(json.dumps(spec.to_json(), indent=1))
+    log_path = root / ".logs" / f"{spec.key}.log"
+    cmd = [sys.executable, "-m", "analyzer.convert", str(request), str(root)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=str(REPO_ROOT), bufsize=1)
+        last_error = ""
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if line.startswith(PROGRESS_PREFIX):
+                    msg = json.loads(line[len(PROGRESS_PREFIX):])
+                    if msg.get("error"):
+                        last_error = msg["error"]
+                    elif on_progress is not None:
+                        on_progress(Progress(msg["fraction"], msg["stage"], msg["message"]))
+                if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                    proc.kill()
+                    raise BuildError(f"build {spec.key} timed out after {timeout_s:.0f} s; log: {log_path}")
+            code = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if code != 0 or not is_complete(final):
+        reason = last_error or _last_line(log_path) or f"exit code {code}"
+        raise BuildError(f"build {spec.key} failed: {reason} (log: {log_path})")
+    return BuildResult(spec.key, final, False, time.monotonic() - t0)
+
+
+def _last_line(path: Path) -> str:
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+# ------------------------------------------------------------------------------------------------- reading
+def load_analysis(path: str | Path) -> dict[str, Any]:
+    """The ``analysis.json`` of a build folder (or the file itself)."""
+    p = Path(path)
+    f = p / ANALYSIS_FILE if p.is_dir() else p
+    if not f.is_file():
+        raise QfoldError(f"{p}: no {ANALYSIS_FILE} (not a finished qfold build)")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise QfoldError(f"{f}: not valid JSON ({e.msg} at line {e.lineno})") from e
+
+
+def list_builds(root: str | Path | None = None) -> list[dict[str, Any]]:
+    """Finished builds, newest first: key, path and the analysis headline."""
+    out = []
+    for d in builds_dir(root).iterdir() if builds_dir(root).is_dir() else []:
+        if d.name.startswith(".") or not is_complete(d):
+            continue
+        try:
+            a = load_analysis(d)
+        except QfoldError:
+            continue
+        out.append({"key": d.name, "path": str(d), "created": a.get("created", ""), "spec": a.get("spec", {}),
+                    "summary": a.get("summary", {})})
+    return sorted(out, key=lambda b: b["created"], reverse=True)
+
+
+def queue(root: str | Path | None = None) -> list[dict[str, Any]]:
+    """Conversions queued or running on this machine (from ``builds/.queue``; dead entries skipped)."""
+    qdir = builds_dir(root) / ".queue"
+    out = []
+    for f in sorted(qdir.glob("*.json")) if qdir.is_dir() else []:
+        try:
+            entry = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if _pid_alive(int(entry.get("pid", -1))):
+            out.append(entry)
+    return sorted(out, key=lambda e: e.get("since", 0))

@@ -1,0 +1,257 @@
+"""The conversion child process: ``python -m analyzer.convert REQUEST.json BUILDS_DIR``.
+
+Runs one build end to end (torch model → equivalence → trace → ct.convert → optional compression → save →
+MIL walk → analysis.json) in its own process, because a full-size conversion needs ~15 GB and ~2.5 min
+(design.md) and must neither block nor bloat the dashboard. It reports progress as ``@@qfold {json}`` lines
+on stdout, holds the per-key and machine-wide locks itself (so they are released only when the work
+really stops), writes into ``.tmp-<key>-<pid>/`` and renames it into place as its very last step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from analyzer.builds import (
+    ANALYSIS_FILE,
+    LOG_FILE,
+    PACKAGE_NAME,
+    PROGRESS_PREFIX,
+    BuildSpec,
+    clean_stale_tmp,
+    is_complete,
+    tool_versions,
+)
+from analyzer.errors import BuildError, QfoldError
+
+_T0 = time.monotonic()
+_LOG: list[str] = []
+
+
+def emit(fraction: float, stage: str, message: str) -> None:
+    line = f"[{time.monotonic() - _T0:7.1f} s] {stage}: {message}"
+    _LOG.append(line)
+    print(PROGRESS_PREFIX + json.dumps({"fraction": round(fraction, 3), "stage": stage, "message": message}),
+          flush=True)
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def check_numpy() -> None:
+    """coremltools 9.0's ``aten::Int``/``aten::Bool`` cast of size-1 constants fails under NumPy ≥ 2.4
+    ("only 0-dimensional arrays can be converted to Python scalars", design.md). qfold pins numpy<2.4
+    in requirements.txt rather than patching coremltools at run time; fail early and say so."""
+    import numpy as np
+
+    major, minor = (int(x) for x in np.__version__.split(".")[:2])
+    if (major, minor) >= (2, 4):
+        raise BuildError(
+            f"numpy {np.__version__} breaks coremltools 9.0's torch frontend (aten::Int on size-1 arrays); "
+            "install the pinned numpy<2.4 from requirements.txt"
+        )
+
+
+def ct_io(step):
+    import coremltools as ct
+    import numpy as np
+
+    g = step.geometry
+    cache_shape = (1, g.num_kv_heads, step.ctx, g.head_dim)
+    inputs = [ct.TensorType(name="input_ids", shape=(1, 1), dtype=np.int32),
+              ct.TensorType(name="current_pos", shape=(1,), dtype=np.int32),
+              ct.TensorType(name="causal_mask", shape=(1, 1, 1, step.ctx), dtype=np.float16)]
+    names = [f"{kv}_cache_{i}" for i in range(g.num_layers) for kv in "kv"]
+    outputs = [ct.TensorType(name="logits", dtype=np.float16)]
+    if step.kv_mode == "state":
+        states = [ct.StateType(wrapped_type=ct.TensorType(shape=cache_shape, dtype=np.float16), name=n)
+                  for n in names]
+        return inputs, states, outputs
+    inputs += [ct.TensorType(name=n, shape=cache_shape, dtype=np.float16) for n in names]
+    outputs += [ct.TensorType(name="new_k", dtype=np.float16), ct.TensorType(name="new_v", dtype=np.float16)]
+    return inputs, [], outputs
+
+
+def convert_step(step, keep_duplicate_consts: bool = False):
+    """Trace the decode step and convert it to an iOS18 ML Program (fp16 compute). Returns the MLModel."""
+    import coremltools as ct
+    import torch
+
+    from analyzer.decode import example_inputs
+
+    with torch.no_grad():
+        traced = torch.jit.trace(step, example_inputs(step), check_trace=False)
+    for name, buf in traced.named_buffers():  # tracing ran one step: empty the cache again
+        if "_cache_" in name:
+            buf.zero_()
+    inputs, states, outputs = ct_io(step)
+    kwargs = dict(inputs=inputs, outputs=outputs, minimum_deployment_target=ct.target.iOS18,
+                  compute_precision=ct.precision.FLOAT16, convert_to="mlprogram")
+    if states:
+        kwargs["states"] = states
+    if keep_duplicate_consts:
+        # an untied embedding/lm_head pair would be merged back into one const (design.md)
+        pipeline = ct.PassPipeline.DEFAULT
+        pipeline.remove_passes(["common::const_deduplication"])
+        kwargs["pass_pipeline"] = pipeline
+    return ct.convert(traced, **kwargs)
+
+
+def build(spec: BuildSpec, out_dir: Path) -> dict:
+    """Do the work of one build into ``out_dir``; returns the analysis document."""
+    import torch
+
+    from analyzer.analysis import equivalence_json, program_document
+    from analyzer.decode import DecodeStep, build_model, untie_embeddings_
+    from analyzer.equivalence import check_equivalence
+    from analyzer.mil import read_program
+    from analyzer.sources import geometry_of, load_config
+
+    check_numpy()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    timings: dict[str, float] = {}
+
+    def timed(name, fn, *args, **kwargs):
+        t = time.monotonic()
+        result = fn(*args, **kwargs)
+        timings[name] = round(time.monotonic() - t, 3)
+        return result
+
+    src = spec.source
+    geometry = geometry_of(load_config(src))
+    emit(0.02, "model", f"building {src.label} ({'safetensors weights' if src.has_real_weights else 'seeded random weights'}, "
+         f"{geometry.num_layers} layers, {geometry.num_q_heads}/{geometry.num_kv_heads} heads)")
+    model = timed("build_model_s", build_model, src)
+    emit(0.10, "equivalence", f"decoding {spec.equivalence_steps} tokens with every variant in fp32 and fp16")
+    report = timed("equivalence_s", check_equivalence, model, spec.kv_mode, spec.ctx, spec.equivalence_steps)
+    plan = None
+    untied = False
+    if spec.compression:
+        from analyzer.compress import needs_untie, parse_spec
+
+        plan = parse_spec(spec.compression, geometry.num_layers)
+        if needs_untie(plan) and untie_embeddings_(model):
+            untied = True
+            emit(0.18, "compress", "embedding and lm_head get different precisions: untied them")
+    step = DecodeStep(model, spec.ctx, spec.variant, spec.kv_mode).eval()
+    emit(0.20, "convert", f"tracing and converting ({spec.variant}, KV as {spec.kv_mode}, ctx {spec.ctx})")
+    mlmodel = timed("convert_s", convert_step, step, keep_duplicate_consts=untied)
+    del step, model
+    if plan is not None:
+        from analyzer.compress import compress_model
+
+        emit(0.75, "compress", f"compressing weights: {spec.compression}")
+        mlmodel = timed("compress_s", compress_model, mlmodel, plan)
+    emit(0.90, "save", "saving the .mlpackage")
+    pkg = out_dir / PACKAGE_NAME
+    timed("save_s", mlmodel.save, str(pkg))
+    del mlmodel
+    emit(0.95, "walk", "walking the saved MIL program")
+    program = timed("walk_s", read_program, pkg)
+    doc = program_document(program)
+    doc["program"]["path"] = PACKAGE_NAME
+    return {
+        "schema_version": doc["schema_version"],
+        "key": spec.key,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "spec": spec.to_json(),
+        "geometry": {"model_type": geometry.model_type, "num_layers": geometry.num_layers,
+                     "num_q_heads": geometry.num_q_heads, "num_kv_heads": geometry.num_kv_heads,
+                     "head_dim": geometry.head_dim, "hidden_size": geometry.hidden_size,
+                     "vocab_size": geometry.vocab_size, "group_size": geometry.group_size},
+        "versions": tool_versions(),
+        "timings": timings,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "package_bytes": sum(f.stat().st_size for f in pkg.rglob("*") if f.is_file()),
+        "equivalence": equivalence_json(report),
+        "untied_embeddings": untied,
+        **{k: doc[k] for k in ("summary", "bytes", "program")},
+    }
+
+
+class _QueueEntry:
+    """A file in ``builds/.queue`` so every session can show what is queued or converting."""
+
+    def __init__(self, root: Path, key: str):
+        self.path = root / ".queue" / f"{key}.{os.getpid()}.json"
+        self.path.parent.mkdir(exist_ok=True)
+        self.key = key
+        self.since = time.time()
+
+    def set(self, state: str) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": self.key, "pid": os.getpid(), "state": state, "since": self.since}))
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def run(request: Path, root: Path) -> int:
+    from filelock import FileLock, Timeout
+
+    spec = BuildSpec.from_json(json.loads(request.read_text()))
+    key = spec.key
+    final = root / key
+    (root / ".locks").mkdir(parents=True, exist_ok=True)
+    entry = _QueueEntry(root, key)
+    try:
+        with FileLock(str(root / ".locks" / f"{key}.lock")):
+            if is_complete(final):
+                emit(1.0, "done", f"reusing {final}")
+                return 0
+            clean_stale_tmp(root)
+            entry.set("queued")
+            slot = FileLock(str(root / ".locks" / "convert.lock"))
+            while True:
+                try:
+                    slot.acquire(timeout=5)
+                    break
+                except Timeout:
+                    emit(0.0, "queued", "waiting: another conversion is running on this machine")
+            try:
+                entry.set("running")
+                tmp = root / f".tmp-{key}-{os.getpid()}"
+                tmp.mkdir()
+                try:
+                    analysis = build(spec, tmp)
+                    analysis["timings"]["total_s"] = round(time.monotonic() - _T0, 3)
+                    (tmp / ANALYSIS_FILE).write_text(json.dumps(analysis, separators=(",", ":")))
+                    (tmp / LOG_FILE).write_text("\n".join(_LOG) + "\n")
+                    os.rename(tmp, final)  # the one step that makes the build look finished
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+            finally:
+                slot.release()
+    finally:
+        entry.remove()
+    emit(1.0, "done", str(final))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m analyzer.convert REQUEST.json BUILDS_DIR", file=sys.stderr)
+        return 2
+    try:
+        return run(Path(argv[0]), Path(argv[1]))
+    except QfoldError as e:
+        print(PROGRESS_PREFIX + json.dumps({"error": str(e)}), flush=True)
+        return 1
+    except Exception as e:  # the parent shows this line; the traceback goes to the log
+        traceback.print_exc()
+        print(PROGRESS_PREFIX + json.dumps({"error": f"{type(e).__name__}: {e}"[:500]}), flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,17 @@
+"""Errors a user can act on. Each message names the offending field, value or file and says why."""
+
+
+class QfoldError(ValueError):
+    """A bad input or a failed step, explained in one line fit for a CLI or a UI banner."""
+
+
+class SourceError(QfoldError):
+    """The model source (preset, config.json, model folder, --set override) cannot be used."""
+
+
+class BuildError(QfoldError):
+    """A conversion failed; the message carries the child process's last error line."""
+
+
+class MilError(QfoldError):
+    """A file is not a readable ML Program .mlpackage."""
