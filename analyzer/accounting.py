@@ -186,7 +186,7 @@ class ByteRule:
 def _charge_reads(op: OpRecord, ctx: _Context, counts: dict[str, int], weight_fraction: float = 1.0) -> None:
     for ref in op.inputs:
         if ctx.is_weight(ref):
-            counts["weights"] += int(round(ctx.weight_bytes(ref) * weight_fraction))
+            counts["weights"] += round(ctx.weight_bytes(ref) * weight_fraction)
             continue
         n = ref.tensor.nbytes or 0
         kind = ctx.source_kind(ref)
@@ -334,7 +334,7 @@ class GatherRule(ByteRule):
         for ref in op.inputs:
             if ctx.is_weight(ref):
                 f = fraction if ref is table else 1.0
-                counts["weights"] += int(round(ctx.weight_bytes(ref) * f))
+                counts["weights"] += round(ctx.weight_bytes(ref) * f)
             else:
                 _charge_reads(_only(op, ref), ctx, counts)
         counts["activations"] += op.output_bytes

@@ -25,6 +25,7 @@ from typing import Any
 from analyzer.errors import BuildError, QfoldError
 from analyzer.sources import ModelSource
 
+KV_MODES: tuple[str, ...] = ("state", "input")  # KV cache as Core ML state, or as read-only inputs
 ANALYSIS_FILE = "analysis.json"
 PACKAGE_NAME = "model.mlpackage"
 LOG_FILE = "build.log"
@@ -59,7 +60,6 @@ class BuildSpec:
     equivalence_steps: int = DEFAULT_EQUIVALENCE_STEPS
 
     def __post_init__(self) -> None:
-        from analyzer.decode import KV_MODES
         from analyzer.variants import get_variant
 
         get_variant(self.variant)
@@ -90,7 +90,7 @@ class BuildSpec:
         parts = [self.source.label, self.variant, self.kv_mode, f"ctx{self.ctx}"]
         if self.compression:
             parts.append(_short(self.compression))
-        return "-".join(parts + [digest])
+        return "-".join([*parts, digest])
 
     def to_json(self) -> dict[str, Any]:
         s = self.source

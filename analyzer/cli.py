@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_build(sub) -> None:
-    from analyzer.decode import KV_MODES
+    from analyzer.builds import KV_MODES
     from analyzer.sources import DEFAULT_PRESET, preset_names
     from analyzer.variants import VARIANTS
 

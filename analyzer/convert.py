@@ -16,7 +16,7 @@ import shutil
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from analyzer.builds import (
@@ -127,8 +127,9 @@ def build(spec: BuildSpec, out_dir: Path) -> dict:
 
     src = spec.source
     geometry = geometry_of(load_config(src))
-    emit(0.02, "model", f"building {src.label} ({'safetensors weights' if src.has_real_weights else 'seeded random weights'}, "
-         f"{geometry.num_layers} layers, {geometry.num_q_heads}/{geometry.num_kv_heads} heads)")
+    weights = "safetensors weights" if src.has_real_weights else f"seeded random weights, seed {src.seed}"
+    emit(0.02, "model", f"building {src.label} ({weights}, {geometry.num_layers} layers, "
+         f"{geometry.num_q_heads}/{geometry.num_kv_heads} heads)")
     model = timed("build_model_s", build_model, src)
     emit(0.10, "equivalence", f"decoding {spec.equivalence_steps} tokens with every variant in fp32 and fp16")
     report = timed("equivalence_s", check_equivalence, model, spec.kv_mode, spec.ctx, spec.equivalence_steps)
@@ -161,7 +162,7 @@ def build(spec: BuildSpec, out_dir: Path) -> dict:
     return {
         "schema_version": doc["schema_version"],
         "key": spec.key,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "spec": spec.to_json(),
         "geometry": {"model_type": geometry.model_type, "num_layers": geometry.num_layers,
                      "num_q_heads": geometry.num_q_heads, "num_kv_heads": geometry.num_kv_heads,

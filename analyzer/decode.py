@@ -22,17 +22,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import nn
 
+from analyzer.builds import KV_MODES
 from analyzer.errors import SourceError
 from analyzer.sources import AttentionGeometry, ModelSource, geometry_of, load_config
 from analyzer.variants import VARIANTS, get_variant
 
-KVMode = Literal["state", "input"]
-KV_MODES: tuple[str, ...] = ("state", "input")
 # Masked slots get a large negative fp16-safe value (fp16 max is 65504; -inf would turn 0·inf into NaN).
 MASK_VALUE = -30000.0
 ATTN_PREFIX = "qfold_"

@@ -10,9 +10,10 @@ Shapes in comments: B batch (1), Hq query heads, Hkv KV heads, G = Hq / Hkv, S c
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used, so listing the variants (CLI --help) stays light
+    import torch
 
 VARIANTS: dict[str, type[AttentionVariant]] = {}
 
@@ -33,12 +34,16 @@ def get_variant(name: str) -> type[AttentionVariant]:
 
 
 def _softcap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    import torch
+
     return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
 def _softmax_like_hf(scores: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     # transformers' eager attention takes the softmax in fp32 and casts back; keep that so the
     # variants agree with the family's own forward bit for bit in fp16.
+    import torch
+
     return torch.softmax(scores.float(), dim=-1).to(like.dtype)
 
 
@@ -94,6 +99,8 @@ class RepeatKV(AttentionVariant):
 
     @classmethod
     def attend(cls, query, key, value, mask, scaling, softcap=None, new_kv=None):
+        import torch
+
         g = query.shape[1] // key.shape[1]
         k = repeat_kv(key, g)  # [B, Hq, S, D]
         v = repeat_kv(value, g)  # [B, Hq, S, D]
@@ -125,6 +132,8 @@ class QFold(AttentionVariant):
 
     @classmethod
     def attend(cls, query, key, value, mask, scaling, softcap=None, new_kv=None):
+        import torch
+
         b, hq, _, d = query.shape
         hkv = key.shape[1]
         q = query.reshape(b, hkv, hq // hkv, d)  # [B, Hkv, G, D]: free, no element moves
