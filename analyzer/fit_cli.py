@@ -1,0 +1,303 @@
+"""``python -m analyzer fit``: device logs + graph bytes → cross-check and bandwidth fits, headless.
+
+A thin shell over ``analyzer.logs`` and ``analyzer.bandwidth`` so scripts and CI get the same
+numbers as the dashboard. Exit codes: 0 done (row-level issues, if any, are listed), 1 a log was
+rejected whole or no row was accepted, 2 a bad argument. Errors go to stderr as one line each,
+never as a traceback.
+
+    python -m analyzer fit LOG [LOG ...] [--build LABEL=BUILD_PATH|BYTES ...] [--bw BYTES_PER_S]
+                           [--overhead] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from analyzer.bandwidth import (
+    BandwidthAssumption,
+    BandwidthFit,
+    CrossCheckReport,
+    bandwidth_per_device,
+    crosscheck,
+    fit_devices,
+)
+from analyzer.fmt import MB, table
+from analyzer.logs import (
+    BuildDeviceSummary,
+    LogImport,
+    LogLimits,
+    check_size,
+    parse_decimal,
+    parse_logs,
+    summarize,
+)
+
+PROG = "qfold fit"
+
+
+class _ArgumentError(ValueError):
+    """A bad command-line value; reported on stderr with exit code 2."""
+
+
+def _bw_arg(text: str) -> float:
+    try:
+        value = parse_decimal(text, "--bw")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}; give bytes/s, e.g. 55900000000") from e
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: bandwidth must be a finite number of bytes/s > 0")
+    return value
+
+
+def add_fit_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Register ``fit`` on the main CLI's subparsers; sets ``func=run_fit`` as the handler."""
+    parser = subparsers.add_parser(
+        "fit",
+        help="cross-check device logs against graph bytes/token and fit a bandwidth per device",
+        description=(
+            "Import device logs (qfold CSV, llama-bench CSV/JSON), compare measured tok/s with the "
+            "bandwidth model tok/s = BW / bytes_per_token, and fit BW (and an optional per-token "
+            "overhead) per device. MB = 10^6 bytes."
+        ),
+    )
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="device log files")
+    parser.add_argument(
+        "--build", action="append", default=[], dest="builds", metavar="LABEL=BUILD_PATH",
+        help=("map a build label in the logs to a build folder or analysis.json (its total "
+              "bytes/token), or to an integer number of bytes/token: LABEL=2013265920; repeatable"),
+    )
+    parser.add_argument("--bw", type=_bw_arg, metavar="BYTES_PER_S",
+                        help="fixed bandwidth in bytes/s for all devices (default: fitted per device "
+                             "where possible, else the write-up's 55,900 MB/s)")
+    parser.add_argument("--overhead", action="store_true",
+                        help="fit a fixed per-token time t0 as well: t = bytes/BW + t0")
+    parser.add_argument("--json", action="store_true", dest="as_json", help="print one JSON object")
+    parser.set_defaults(func=run_fit)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments → inputs
+
+
+def _graph_bytes(specs: Sequence[str]) -> dict[str, int]:
+    """``LABEL=INT`` or ``LABEL=PATH`` → label → bytes/token (paths via analyzer.builds)."""
+    graph: dict[str, int] = {}
+    for spec in specs:
+        label, sep, value = spec.partition("=")
+        label, value = label.strip(), value.strip()
+        if not sep or not label or not value:
+            raise _ArgumentError(f"--build {spec!r}: expected LABEL=BUILD_PATH or LABEL=BYTES_PER_TOKEN")
+        if label in graph:
+            raise _ArgumentError(f"--build {spec!r}: label {label!r} is given twice")
+        if re.fullmatch(r"[0-9]+", value):
+            graph[label] = int(value)
+            if graph[label] <= 0:
+                raise _ArgumentError(f"--build {spec!r}: bytes/token must be > 0")
+            continue
+        if re.fullmatch(r"[-+]?[0-9][0-9_.,eE+-]*", value) and not Path(value).exists():
+            raise _ArgumentError(f"--build {spec!r}: bytes/token must be a whole number of bytes "
+                                   "(digits only, no separators or exponent)")
+        graph[label] = _load_build_bytes(spec, value)
+    return graph
+
+
+def _load_build_bytes(spec: str, path: str) -> int:
+    try:
+        # Lazy: analyzer.builds pulls in the conversion stack, needed only for build paths.
+        from analyzer.builds import load_bytes_per_token  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise _ArgumentError(f"--build {spec!r}: build paths need analyzer.builds.load_bytes_per_token, "
+                               f"which is not available ({e}); pass LABEL=BYTES_PER_TOKEN instead") from e
+    try:
+        value = load_bytes_per_token(path)
+    except (OSError, ValueError) as e:
+        raise _ArgumentError(f"--build {spec!r}: {e}") from e
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _ArgumentError(f"--build {spec!r}: the build reports {value!r} bytes/token, not an int > 0")
+    return value
+
+
+def _read_logs(paths: Sequence[str], limits: LogLimits) -> list[tuple[str, bytes]]:
+    files = []
+    for name in paths:
+        path = Path(name)
+        try:
+            size = path.stat().st_size
+            if not path.is_file():
+                raise _ArgumentError(f"{name}: not a file")
+            too_big = check_size(size, limits)
+            if too_big:
+                raise _ArgumentError(f"{name}: {too_big}")
+            files.append((name, path.read_bytes()))
+        except OSError as e:
+            raise _ArgumentError(f"{name}: cannot read ({e.strerror or e})") from e
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/inf: non-finite floats become null (a fit can be non-physical)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_payload(imported: LogImport, summaries: Sequence[BuildDeviceSummary],
+                  bandwidth: dict[str, BandwidthAssumption], fits: Sequence[BandwidthFit],
+                  report: CrossCheckReport) -> dict[str, Any]:
+    stats = {(s.build, s.device): s for s in summaries}
+    builds = []
+    for row in report.builds:
+        s = stats[(row.build, row.device)]
+        builds.append({
+            "label": row.build,
+            "device": row.device,
+            "n": row.n,
+            "measured_mean_tok_per_s": row.measured_tok_per_s,
+            "std_tok_per_s": s.std_tok_per_s,
+            "min_tok_per_s": s.min_tok_per_s,
+            "max_tok_per_s": s.max_tok_per_s,
+            "predicted_tok_per_s": row.predicted_tok_per_s,
+            "residual_pct": row.residual_pct,
+            "inferred_bytes_per_token": row.inferred_bytes_per_token,
+            "graph_bytes_per_token": row.graph_bytes_per_token,
+            "gap_bytes": row.gap_bytes,
+            "gap_pct": row.gap_pct,
+            "bw_bytes_per_s": row.bw_bytes_per_s,
+            "overhead_s": row.overhead_s,
+            "bw_source": row.bw_source,
+        })
+    return _finite({
+        "units": {"bytes": "bytes", "bandwidth": "bytes/s", "time": "s", "MB": "10^6 bytes"},
+        "files": [asdict(f) for f in imported.files],
+        "bandwidth": [{"device": d, **asdict(a)} for d, a in bandwidth.items()],
+        "builds": builds,
+        "fits": [asdict(f) for f in fits],
+        "ab": [asdict(p) for p in report.pairs],
+        "unmapped_builds": list(report.unmapped_builds),
+        "unused_build_labels": list(report.unused_graph_labels),
+        "issues": [asdict(i) for i in imported.issues],
+    })
+
+
+def _mb(n_bytes: float | None) -> int | None:
+    """Whole MB (10^6 bytes) for a table cell; None prints empty."""
+    return None if n_bytes is None else round(n_bytes / MB)
+
+
+def _r(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
+                fits: Sequence[BandwidthFit], report: CrossCheckReport, *, fixed_bw: bool,
+                out: TextIO) -> None:
+    files = imported.files
+    print(f"{sum(f.n_accepted for f in files)} runs accepted from {len(files)} file(s); "
+          f"{sum(f.n_rejected for f in files)} rejected, {sum(f.n_skipped for f in files)} skipped. "
+          "MB = 10^6 bytes.", file=out)
+    print("\nBandwidth used for predictions:", file=out)
+    for device, a in bandwidth.items():
+        extra = f" + {a.overhead_s * 1e3:.3f} ms/token" if a.overhead_s else ""
+        print(f"  {device}: {a.bytes_per_s / MB:,.0f} MB/s{extra} ({a.source})", file=out)
+    print("\nBuilds:", file=out)
+    print(table(
+        [[r.build, r.device, r.n, _r(r.measured_tok_per_s), _r(r.predicted_tok_per_s),
+          _mb(r.inferred_bytes_per_token), _mb(r.graph_bytes_per_token), _mb(r.gap_bytes), _r(r.gap_pct, 1)]
+         for r in report.builds],
+        ["build", "device", "n", "measured tok/s", "predicted tok/s", "inferred MB/token",
+         "graph MB/token", "gap MB", "gap %"],
+    ), file=out)
+    if report.unmapped_builds:
+        print(f"no graph bytes (pass --build LABEL=...): {', '.join(report.unmapped_builds)}", file=out)
+    if report.unused_graph_labels:
+        print(f"--build labels with no measurements: {', '.join(report.unused_graph_labels)}", file=out)
+    print("\nFits per device:", file=out)
+    if not fits:
+        print("  none: no build in the logs has graph bytes (pass --build LABEL=...)", file=out)
+    elif fixed_bw:
+        print("  (--bw is given: predictions use it; the fits are shown for reference)", file=out)
+    for fit in fits:
+        r2 = "-" if fit.r_squared is None else f"{fit.r_squared:.4f}"
+        print(f"  {fit.device} [{fit.model}]: BW {fit.bw_bytes_per_s / MB:,.0f} MB/s, "
+              f"t0 {fit.overhead_s * 1e3:.3f} ms, {fit.n_points} builds, R² {r2}, "
+              f"max |residual| {fit.max_abs_residual_pct:.1f}%", file=out)
+        print(f"  {fit.verdict}", file=out)
+        print(table(
+            [[r.build, r.bytes_per_token, _r(r.measured_tok_per_s), _r(r.fitted_tok_per_s),
+              _r(r.residual_tok_per_s), _r(r.residual_pct, 1)] for r in fit.residuals],
+            ["build", "bytes/token", "measured tok/s", "fitted tok/s", "residual tok/s", "residual %"],
+        ), file=out)
+    if report.pairs:
+        print("\nA/B pairs (a = the build with more graph bytes):", file=out)
+        print(table(
+            [[p.device, f"{p.build_a} -> {p.build_b}", _r(p.speedup), _mb(p.inferred_diff_bytes),
+              _mb(p.graph_diff_bytes), _r(p.gap_pct, 1)] for p in report.pairs],
+            ["device", "a -> b", "speedup", "inferred diff MB", "graph diff MB", "gap %"],
+        ), file=out)
+
+
+def _error(message: str, err: TextIO) -> None:
+    print(f"{PROG}: error: {message}", file=err)
+
+
+def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the ``fit`` sub-command; returns the exit code (0 ok, 1 rejected log, 2 bad argument)."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    limits = LogLimits()
+    try:
+        graph = _graph_bytes(args.builds)
+        files = _read_logs(args.logs, limits)
+    except _ArgumentError as e:
+        _error(str(e), err)
+        return 2
+    imported = parse_logs(files, limits)
+    if imported.rejected_files or not imported.measurements:
+        for issue in imported.issues:
+            print(issue.describe(), file=err)
+        reason = (f"rejected: {', '.join(imported.rejected_files)}" if imported.rejected_files
+                  else "no row was accepted")
+        _error(f"log import failed ({reason})", err)
+        return 1
+    summaries = summarize(imported.measurements)
+    try:
+        fits = fit_devices(summaries, graph, overhead=args.overhead)
+        devices = list(dict.fromkeys(s.device for s in summaries))
+        bandwidth = bandwidth_per_device(devices, fits, fixed_bw_bytes_per_s=args.bw)
+        report = crosscheck(summaries, graph, bandwidth)
+    except (TypeError, ValueError) as e:
+        _error(str(e), err)
+        return 1
+    if args.as_json:
+        payload = _json_payload(imported, summaries, bandwidth, fits, report)
+        print(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False), file=out)
+    else:
+        for issue in imported.issues:
+            print(issue.describe(), file=err)
+        _print_text(imported, bandwidth, fits, report, fixed_bw=args.bw is not None, out=out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry for tests and scripts: ``fit`` as the only sub-command."""
+    parser = argparse.ArgumentParser(prog="qfold")
+    add_fit_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
