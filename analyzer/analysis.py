@@ -107,7 +107,11 @@ def load_program(path: str | Path) -> tuple[MilProgram, dict[str, Any]]:
     p = Path(path)
     if (p.is_dir() and (p / ANALYSIS_FILE).is_file()) or (p.is_file() and p.suffix == ".json"):
         doc = load_analysis(p)
-        return program_from_json(doc["program"]), doc
+        program = program_from_json(doc["program"])
+        # summary and bytes are derived data: recompute them with this version's rules (cheap) so a
+        # stored analysis never shows figures the current code would not produce
+        doc.update({k: v for k, v in program_document(program).items() if k in ("summary", "bytes")})
+        return program, doc
     program = read_program(p)
     return program, program_document(program)
 

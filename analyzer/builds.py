@@ -253,3 +253,10 @@ def queue(root: str | Path | None = None) -> list[dict[str, Any]]:
         if _pid_alive(int(entry.get("pid", -1))):
             out.append(entry)
     return sorted(out, key=lambda e: e.get("since", 0))
+
+
+def load_bytes_per_token(path: str | Path) -> int:
+    """Total logical bytes per decode token of a build folder, an analysis.json or any .mlpackage."""
+    from analyzer.analysis import load_program
+
+    return int(load_program(path)[1]["bytes"]["bytes_per_token"]["total"])

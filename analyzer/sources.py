@@ -28,6 +28,8 @@ DEFAULT_PRESET = "exaone-4.0-1.2b"
 STRUCTURE_OVERRIDES = ("hidden_size=256", "intermediate_size=512", "vocab_size=1000")
 
 _PRIVATE_KEY = "_qfold"  # provenance block inside shipped preset JSON; not a config field
+_POSITIVE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+                    "intermediate_size", "vocab_size", "head_dim", "max_position_embeddings")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +178,7 @@ def _drop_out_of_vocab_token_ids(raw: dict[str, Any]) -> None:
 def _apply_overrides(raw: dict[str, Any], overrides: tuple[str, ...], origin: str) -> dict[str, Any]:
     if not overrides:
         return raw
-    cls = config_class(raw.get("model_type"))
-    known = set(cls.from_dict(dict(raw)).to_dict()) | set(raw)
+    known = set(load_config_dict(raw).to_dict()) | set(raw)
     out = dict(raw)
     for text in overrides:
         key, value = parse_override(text)
@@ -231,6 +232,10 @@ def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed
     if "model_type" not in raw:
         raise SourceError(f"--model {model}: config has no 'model_type' field")
     raw = _apply_overrides(raw, overrides, f"--model {model}")
+    for field in _POSITIVE_FIELDS:
+        value = raw.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise SourceError(f"{field}={value!r}: must be a positive integer")
     config = load_config_dict(raw)  # validates: architecture known, heads divisible
     geometry_of(config)
     return ModelSource(
@@ -248,8 +253,9 @@ def load_config_dict(raw: dict[str, Any]):
     cls = config_class(raw.get("model_type"))
     try:
         return cls.from_dict(dict(raw))
-    except (TypeError, ValueError) as e:
-        raise SourceError(f"config (model_type={raw.get('model_type')!r}) is invalid: {e}") from e
+    except Exception as e:  # transformers' strict-dataclass validators raise their own error types
+        detail = " ".join(str(e).split())
+        raise SourceError(f"config (model_type={raw.get('model_type')!r}) is invalid: {detail}") from e
 
 
 def load_config(source: ModelSource):
@@ -271,8 +277,9 @@ def geometry_of(config) -> AttentionGeometry:
             "per-head K/V; qfold's variants do not apply"
         )
     nq = _positive_int(config, "num_attention_heads")
-    nkv = getattr(config, "num_key_value_heads", None) or nq
-    if not isinstance(nkv, int) or nkv <= 0:
+    nkv = getattr(config, "num_key_value_heads", None)
+    nkv = nq if nkv is None else nkv  # families without the field are multi-head attention
+    if not isinstance(nkv, int) or isinstance(nkv, bool) or nkv <= 0:
         raise SourceError(f"num_key_value_heads={nkv!r}: must be a positive integer")
     if nq % nkv:
         raise SourceError(

@@ -1,0 +1,41 @@
+"""Shared fixtures: real conversions, made once per test session in a temporary builds folder.
+
+tiny: 2 layers of the default preset's attention geometry at ctx 256 (~10 s a build).
+structure: the default preset's 30 layers and attention geometry at ctx 4096 with small hidden/vocab sizes
+(design.md: same tiles and tile bytes as full size in ~1 min and ~1 GB a build).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from analyzer.builds import BuildSpec, run_build
+from analyzer.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
+
+TINY_OVERRIDES = (*STRUCTURE_OVERRIDES, "num_hidden_layers=2")
+TINY_CTX = 256
+
+
+@pytest.fixture(scope="session")
+def builds_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("builds")
+    os.environ["QFOLD_BUILDS"] = str(root)
+    return root
+
+
+def _pair(root: Path, overrides, ctx: int) -> dict[str, Path]:
+    source = resolve_source(DEFAULT_PRESET, overrides)
+    return {v: run_build(BuildSpec(source, v, "state", ctx), root).path for v in ("repeat_kv", "qfold")}
+
+
+@pytest.fixture(scope="session")
+def tiny_builds(builds_root) -> dict[str, Path]:
+    return _pair(builds_root, TINY_OVERRIDES, TINY_CTX)
+
+
+@pytest.fixture(scope="session")
+def structure_builds(builds_root) -> dict[str, Path]:
+    return _pair(builds_root, STRUCTURE_OVERRIDES, 4096)
