@@ -254,6 +254,9 @@ _EXTRA_COMMANDS = _extra_commands()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from analyzer import quiet_coremltools
+
+    quiet_coremltools()
     parser = make_parser()
     args = parser.parse_args(argv)
     try:

@@ -105,13 +105,37 @@ def convert_step(step, keep_duplicate_consts: bool = False):
     return ct.convert(traced, **kwargs)
 
 
-def build(spec: BuildSpec, out_dir: Path) -> dict:
+def _equivalence(spec: BuildSpec, model, cache_dir: Path | None) -> dict:
+    """The equivalence report depends on the source, KV mode, ctx and steps but not on the variant being
+    built, so the two builds of an A/B pair share one computation (for the full-size model it is minutes
+    of fp16 matmuls on the CPU), cached under ``builds/.equivalence/``."""
+    import hashlib
+
+    from analyzer.analysis import equivalence_json
+    from analyzer.equivalence import check_equivalence
+
+    fingerprint = {k: v for k, v in spec.fingerprint().items() if k not in ("variant", "compression")}
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+    cached = cache_dir / f"{digest}.json" if cache_dir is not None else None
+    if cached is not None and cached.is_file():
+        emit(0.10, "equivalence", f"reusing the equivalence check of this source ({cached.name})")
+        return json.loads(cached.read_text())
+    emit(0.10, "equivalence", f"decoding {spec.equivalence_steps} tokens with every variant in fp32 and fp16")
+    report = equivalence_json(check_equivalence(model, spec.kv_mode, spec.ctx, spec.equivalence_steps))
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(report))
+        os.replace(tmp, cached)
+    return report
+
+
+def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None) -> dict:
     """Do the work of one build into ``out_dir``; returns the analysis document."""
     import torch
 
-    from analyzer.analysis import equivalence_json, program_document
+    from analyzer.analysis import program_document
     from analyzer.decode import DecodeStep, build_model, untie_embeddings_
-    from analyzer.equivalence import check_equivalence
     from analyzer.mil import read_program
     from analyzer.sources import geometry_of, load_config
 
@@ -131,8 +155,7 @@ def build(spec: BuildSpec, out_dir: Path) -> dict:
     emit(0.02, "model", f"building {src.label} ({weights}, {geometry.num_layers} layers, "
          f"{geometry.num_q_heads}/{geometry.num_kv_heads} heads)")
     model = timed("build_model_s", build_model, src)
-    emit(0.10, "equivalence", f"decoding {spec.equivalence_steps} tokens with every variant in fp32 and fp16")
-    report = timed("equivalence_s", check_equivalence, model, spec.kv_mode, spec.ctx, spec.equivalence_steps)
+    equivalence = timed("equivalence_s", _equivalence, spec, model, equivalence_cache)
     plan = None
     untied = False
     if spec.compression:
@@ -172,7 +195,7 @@ def build(spec: BuildSpec, out_dir: Path) -> dict:
         "timings": timings,
         "peak_rss_bytes": peak_rss_bytes(),
         "package_bytes": sum(f.stat().st_size for f in pkg.rglob("*") if f.is_file()),
-        "equivalence": equivalence_json(report),
+        "equivalence": equivalence,
         "untied_embeddings": untied,
         **{k: doc[k] for k in ("summary", "bytes", "program")},
     }
@@ -223,7 +246,7 @@ def run(request: Path, root: Path) -> int:
                 tmp = root / f".tmp-{key}-{os.getpid()}"
                 tmp.mkdir()
                 try:
-                    analysis = build(spec, tmp)
+                    analysis = build(spec, tmp, root / ".equivalence")
                     analysis["timings"]["total_s"] = round(time.monotonic() - _T0, 3)
                     (tmp / ANALYSIS_FILE).write_text(json.dumps(analysis, separators=(",", ":")))
                     (tmp / LOG_FILE).write_text("\n".join(_LOG) + "\n")
@@ -243,6 +266,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m analyzer.convert REQUEST.json BUILDS_DIR", file=sys.stderr)
         return 2
+    from analyzer import quiet_coremltools
+
+    quiet_coremltools()
     try:
         return run(Path(argv[0]), Path(argv[1]))
     except QfoldError as e:
