@@ -180,6 +180,21 @@ def cmd_diff(args) -> int:
     return 0
 
 
+def _add_reanalyze(sub) -> None:
+    p = sub.add_parser("reanalyze", help="walk a build's saved .mlpackage again and rewrite its analysis.json")
+    p.add_argument("paths", nargs="+", help="build folders")
+    p.set_defaults(func=cmd_reanalyze)
+
+
+def cmd_reanalyze(args) -> int:
+    from analyzer.analysis import reanalyze_build
+
+    for path in args.paths:
+        doc = reanalyze_build(path)
+        print(f"{path}: {doc['summary']['total_ops']:,} ops, {doc['bytes']['bytes_per_token']['total']:,} B/token")
+    return 0
+
+
 def _add_presets(sub) -> None:
     p = sub.add_parser("presets", help="list the model presets and where their configs come from")
     p.add_argument("--json", action="store_true")
@@ -226,6 +241,7 @@ def make_parser() -> argparse.ArgumentParser:
     _add_build(sub)
     _add_inspect(sub)
     _add_diff(sub)
+    _add_reanalyze(sub)
     _add_presets(sub)
     _add_builds(sub)
     for extra in _EXTRA_COMMANDS:

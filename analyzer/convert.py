@@ -135,6 +135,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     import torch
 
     from analyzer.analysis import program_document
+    from analyzer.compress import compression_report
     from analyzer.decode import DecodeStep, build_model, untie_embeddings_
     from analyzer.mil import read_program
     from analyzer.sources import geometry_of, load_config
@@ -182,6 +183,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     program = timed("walk_s", read_program, pkg)
     doc = program_document(program)
     doc["program"]["path"] = PACKAGE_NAME
+
     return {
         "schema_version": doc["schema_version"],
         "key": spec.key,
@@ -197,6 +199,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
         "package_bytes": sum(f.stat().st_size for f in pkg.rglob("*") if f.is_file()),
         "equivalence": equivalence,
         "untied_embeddings": untied,
+        "compression_report": compression_report(program),
         **{k: doc[k] for k in ("summary", "bytes", "program")},
     }
 

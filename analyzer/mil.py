@@ -32,7 +32,9 @@ _PROTO_DTYPE = {
     "FLOAT8E5M2": "fp8e5m2", "BOOL": "bool", "STRING": "string",
     **{f"{s}INT{b}": f"{s.lower()}int{b}" for s in ("", "U") for b in (1, 2, 3, 4, 6, 8, 16, 32, 64)},
 }
-ZERO_CHECK_MAX_BYTES = 1 << 16  # consts up to 64 KiB are read to see whether they are all zeros
+# Vectors (rank ≤ 1) up to 4 MiB are read to see whether they are all zeros: coremltools gives every bias-free
+# linear a zero bias, up to vocabulary size for an lm_head (262,144 fp16 values = 512 KiB for Gemma 3).
+ZERO_CHECK_MAX_BYTES = 4 << 20
 _BLOB_SENTINEL = 0xDEADBEEF  # coremltools MIL blob storage v2: header = sentinel, dtype, size, offset
 
 # Ops that only re-label a tensor: in Core ML they move no data (design.md, byte accounting).
@@ -292,7 +294,8 @@ def _walk(block, blobs: _Blobs, program_inputs: dict[str, TensorInfo]) -> list[O
             const_bytes, const_zero = 0, False
             if op.type == "const":
                 const_bytes = _value_stored_bytes(op.attributes["val"], outputs[0], blobs)
-                const_zero = outputs[0].dtype != "string" and _value_is_zero(op.attributes["val"], blobs)
+                const_zero = (outputs[0].dtype != "string" and len(outputs[0].shape) <= 1
+                              and _value_is_zero(op.attributes["val"], blobs))
             refs = []
             for param, arg in op.inputs.items():
                 for binding in arg.arguments:

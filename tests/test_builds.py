@@ -54,7 +54,8 @@ def test_build_folder_is_complete_and_reused(tiny_builds, builds_root):
 
 
 def test_killed_build_leaves_nothing_that_looks_finished(tmp_path):
-    spec = BuildSpec(resolve_source(DEFAULT_PRESET, [*TINY_OVERRIDES[:3], "num_hidden_layers=8"]), "qfold", "state", 512)
+    source = resolve_source(DEFAULT_PRESET, [*TINY_OVERRIDES[:3], "num_hidden_layers=8"])
+    spec = BuildSpec(source, "qfold", "state", 512)
     request = tmp_path / "request.json"
     request.write_text(json.dumps(spec.to_json()))
     proc = subprocess.Popen([sys.executable, "-m", "analyzer.convert", str(request), str(tmp_path)],
