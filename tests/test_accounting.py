@@ -1,0 +1,67 @@
+"""Byte accounting on real conversions: KV bytes scale with ctx, every byte belongs to one op."""
+
+import pytest
+
+from analyzer.accounting import CATEGORIES, RULES, account
+from analyzer.convert import convert_step
+from analyzer.decode import DecodeStep, build_model
+from analyzer.mil import read_program
+from analyzer.sources import DEFAULT_PRESET, geometry_of, resolve_source
+
+from .conftest import TINY_OVERRIDES
+
+pytestmark = pytest.mark.conversion
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES))
+
+
+@pytest.fixture(scope="module")
+def accounts(model, tmp_path_factory):
+    out = {}
+    root = tmp_path_factory.mktemp("ctx")
+    for ctx in (64, 128, 512):
+        for variant in ("repeat_kv", "qfold"):
+            path = root / f"{variant}-{ctx}.mlpackage"
+            convert_step(DecodeStep(model, ctx, variant, "state").eval()).save(str(path))
+            out[variant, ctx] = account(read_program(path))
+    return out
+
+
+@pytest.mark.parametrize("ctx", [64, 128, 512])
+def test_kv_read_is_the_whole_static_cache_and_scales_with_ctx(accounts, model, ctx):
+    g = geometry_of(model.config)
+    cache_bytes = g.num_layers * 2 * g.num_kv_heads * ctx * g.head_dim * 2
+    for variant in ("repeat_kv", "qfold"):
+        t = accounts[variant, ctx].totals()
+        assert t["kv_read"] == cache_bytes
+        assert t["kv_write"] == g.num_layers * 2 * g.num_kv_heads * g.head_dim * 2  # one slot, whatever ctx
+        assert t["kv_write_value_semantics"] == cache_bytes
+    rk = accounts["repeat_kv", ctx].totals()
+    assert rk["replication"] == 2 * g.group_size * cache_bytes  # G copies written, then read again
+    assert rk["total"] - accounts["qfold", ctx].totals()["total"] == rk["replication"]
+
+
+def test_weights_do_not_depend_on_ctx(accounts):
+    assert len({a.totals()["weights"] for a in accounts.values()}) == 1
+
+
+def test_every_byte_belongs_to_exactly_one_op_and_category(accounts):
+    for a in accounts.values():
+        t = a.totals()
+        assert sum(o.total for o in a.ops) == t["total"]
+        for c in CATEGORIES:
+            assert sum(o.get(c) for o in a.ops) == t[c]
+        assert sum(r["total"] for r in a.by_layer()) == t["total"]
+        assert not a.unruled_op_types
+
+
+def test_views_move_nothing_and_every_rule_is_documented(accounts):
+    a = accounts["repeat_kv", 128]
+    for o in a.ops:
+        if o.type in ("reshape", "expand_dims", "squeeze", "read_state", "write_state", "const"):
+            assert o.total == 0, o
+    for rule in set(RULES.values()):
+        assert rule.__doc__ and len(rule.__doc__) > 40, rule
