@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -183,10 +184,10 @@ class ByteRule:
         raise NotImplementedError
 
 
-def _charge_reads(op: OpRecord, ctx: _Context, counts: dict[str, int], weight_fraction: float = 1.0) -> None:
-    for ref in op.inputs:
+def _charge_reads(refs: Iterable[InputRef], ctx: _Context, counts: dict[str, int]) -> None:
+    for ref in refs:
         if ctx.is_weight(ref):
-            counts["weights"] += round(ctx.weight_bytes(ref) * weight_fraction)
+            counts["weights"] += ctx.weight_bytes(ref)
             continue
         n = ref.tensor.nbytes or 0
         kind = ctx.source_kind(ref)
@@ -306,7 +307,7 @@ class TileRule(ByteRule):
         if op.tile_kind != "kv_replication":
             return ComputeRule.account(op, ctx)
         counts = _empty()
-        _charge_reads(op, ctx, counts)
+        _charge_reads(op.inputs, ctx, counts)
         counts["replication"] += op.output_bytes
         return _op_bytes(op, cls.name, counts)
 
@@ -331,20 +332,11 @@ class GatherRule(ByteRule):
             for d in indices.tensor.shape:
                 n_idx *= d or 1
             fraction = min(1.0, n_idx / rows)
-        for ref in op.inputs:
-            if ctx.is_weight(ref):
-                f = fraction if ref is table else 1.0
-                counts["weights"] += round(ctx.weight_bytes(ref) * f)
-            else:
-                _charge_reads(_only(op, ref), ctx, counts)
+        if table is not None and ctx.is_weight(table):
+            counts["weights"] += round(ctx.weight_bytes(table) * fraction)
+        _charge_reads((r for r in op.inputs if r is not table or not ctx.is_weight(r)), ctx, counts)
         counts["activations"] += op.output_bytes
         return _op_bytes(op, cls.name, counts)
-
-
-def _only(op: OpRecord, ref: InputRef) -> OpRecord:
-    from dataclasses import replace
-
-    return replace(op, inputs=(ref,))
 
 
 # Core ML compute ops charged by the generic rule (reads once, writes once).
@@ -377,7 +369,7 @@ class ComputeRule(ByteRule):
     @classmethod
     def account(cls, op, ctx):
         counts = _empty()
-        _charge_reads(op, ctx, counts)
+        _charge_reads(op.inputs, ctx, counts)
         out = op.output_bytes
         if any(_KV_OUTPUT.search(t.name) for t in op.outputs):
             counts["kv_write"] += out  # the new k/v the host writes into its cache (``--kv input``)

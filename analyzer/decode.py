@@ -19,9 +19,9 @@ Not covered: multi-head latent attention caches, attention sinks (``s_aux``), hy
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -54,7 +54,7 @@ def _load_safetensors_(model: nn.Module, source: ModelSource) -> None:
 
     state: dict[str, torch.Tensor] = {}
     for w in source.weights:
-        state.update(load_file(str(_weights_path(source, w.name))))
+        state.update(load_file(str(Path(source.ref) / w.name)))  # names come from a glob of that folder
     expected = model.state_dict()
     unexpected = sorted(set(state) - set(expected))
     if unexpected and not (set(state) & set(expected)):
@@ -73,12 +73,6 @@ def _load_safetensors_(model: nn.Module, source: ModelSource) -> None:
     missing = [m for m in missing if m not in tied and not m.endswith("inv_freq")]
     if missing:
         raise SourceError(f"{source.ref}: safetensors files lack {len(missing)} tensors, e.g. {missing[:3]}")
-
-
-def _weights_path(source: ModelSource, name: str):
-    from pathlib import Path
-
-    return Path(source.ref) / name
 
 
 def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -321,10 +315,3 @@ def run_decode(step: DecodeStep, tokens: list[int], dtype: torch.dtype) -> torch
             outs.append(logits[0, -1].clone())
     return torch.stack(outs)
 
-
-def variant_names() -> list[str]:
-    return list(VARIANTS)
-
-
-def all_pairs() -> list[tuple[str, str]]:
-    return list(itertools.combinations(VARIANTS, 2))
