@@ -89,7 +89,7 @@ class BuildSpec:
         digest = hashlib.sha256(json.dumps(self.fingerprint(), sort_keys=True).encode()).hexdigest()[:10]
         parts = [self.source.label, self.variant, self.kv_mode, f"ctx{self.ctx}"]
         if self.compression:
-            parts.append(_short(self.compression))
+            parts.append(_compression_label(self.compression, self.source.config_dict.get("num_hidden_layers", 0)))
         return "-".join([*parts, digest])
 
     def to_json(self) -> dict[str, Any]:
@@ -113,10 +113,14 @@ class BuildSpec:
         return cls(source, d["variant"], d["kv_mode"], d["ctx"], d["compression"], d["equivalence_steps"])
 
 
-def _short(text: str) -> str:
-    import re
+def _compression_label(canonical: str, num_layers: int) -> str:
+    """The preset's name when the spec is one (``top8``), else ``custom``; the hash tells customs apart."""
+    from analyzer.compress import PRESETS, canonical_spec
 
-    return re.sub(r"[^A-Za-z0-9]+", "", text)[:16] or "custom"
+    for name, preset in PRESETS.items():
+        if canonical_spec(preset.spec, num_layers) == canonical:
+            return name
+    return "custom"
 
 
 @dataclass(frozen=True, slots=True)
