@@ -117,8 +117,8 @@ def _compression_label(canonical: str, num_layers: int) -> str:
     """The preset's name when the spec is one (``top8``), else ``custom``; the hash tells customs apart."""
     from analyzer.compress import PRESETS, canonical_spec
 
-    for name, preset in PRESETS.items():
-        if canonical_spec(preset.spec, num_layers) == canonical:
+    for name in PRESETS:
+        if canonical_spec(name, num_layers) == canonical:
             return name
     return "custom"
 
