@@ -87,3 +87,16 @@ def test_shipped_files_are_small_and_hold_no_weights():
         assert f.stat().st_size < 5 * 2**20, f.name
         doc = json.loads(f.read_text())
         assert doc["program"]["path"] == "model.mlpackage"
+
+
+def test_shipped_top8_changes_only_the_weight_bytes(shipped):
+    for variant in ("repeat_kv", "qfold"):
+        path = SHIPPED / f"{DEFAULT_PRESET}-{variant}-state-ctx4096-top8.analysis.json"
+        _, top8 = load_program(path)
+        dense, small = shipped[variant][1]["bytes"]["bytes_per_token"], top8["bytes"]["bytes_per_token"]
+        for category in ("kv_read", "kv_write", "replication", "activations"):
+            assert small[category] == dense[category], (variant, category)
+        assert small["weights"] < dense["weights"] / 2
+        report = top8["compression_report"]
+        assert report["compressed_count"] == 30 * 7 + 2  # every projection, the embedding and lm_head (untied)
+        assert top8["untied_embeddings"] is True
