@@ -94,8 +94,11 @@ def test_shipped_top8_changes_only_the_weight_bytes(shipped):
         path = SHIPPED / f"{DEFAULT_PRESET}-{variant}-state-ctx4096-top8.analysis.json"
         _, top8 = load_program(path)
         dense, small = shipped[variant][1]["bytes"]["bytes_per_token"], top8["bytes"]["bytes_per_token"]
-        for category in ("kv_read", "kv_write", "replication", "activations"):
+        for category in ("kv_read", "kv_write", "replication"):
             assert small[category] == dense[category], (variant, category)
+        # coremltools.optimize re-runs its pass pipeline and leaves two extra copies of the gather's
+        # negative-index fix-up (greater_equal/add/select on one int32): 52 bytes
+        assert abs(small["activations"] - dense["activations"]) < 1024
         assert small["weights"] < dense["weights"] / 2
         report = top8["compression_report"]
         assert report["compressed_count"] == 30 * 7 + 2  # every projection, the embedding and lm_head (untied)
