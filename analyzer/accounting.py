@@ -35,6 +35,9 @@ from typing import ClassVar
 from analyzer.mil import VIEW_OPS, InputRef, MilProgram, OpRecord
 
 CATEGORIES: tuple[str, ...] = ("weights", "kv_read", "kv_write", "replication", "activations")
+# Columns of the per-op byte table (``ByteAccount.op_rows``), as the CLI and the exports write it.
+OP_COLUMNS: tuple[str, ...] = ("index", "name", "type", "layer", "rule", *CATEGORIES, "total",
+                               "kv_write_value_semantics")
 
 # Parameters that are attributes of the op rather than data it streams (MIL op definitions).
 ATTRIBUTE_PARAMS = frozenset({
@@ -106,6 +109,7 @@ class ByteAccount:
         }
 
     def op_rows(self) -> list[dict]:
+        """One dict per op with the ``OP_COLUMNS`` keys."""
         return [
             {"index": o.index, "name": o.name, "type": o.type, "layer": o.layer, "rule": o.rule,
              **{c: o.get(c) for c in CATEGORIES}, "total": o.total,

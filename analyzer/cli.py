@@ -94,10 +94,6 @@ def _add_inspect(sub) -> None:
     p.set_defaults(func=cmd_inspect)
 
 
-OP_COLUMNS = ("index", "name", "type", "layer", "rule", "weights", "kv_read", "kv_write", "replication",
-              "activations", "total", "kv_write_value_semantics")
-
-
 def inspect_document(path: str, with_ops: bool) -> tuple[dict[str, Any], list[dict]]:
     from analyzer.accounting import account
     from analyzer.analysis import load_program
@@ -127,6 +123,8 @@ def inspect_document(path: str, with_ops: bool) -> tuple[dict[str, Any], list[di
 
 
 def cmd_inspect(args) -> int:
+    from analyzer.accounting import OP_COLUMNS
+
     doc, rows = inspect_document(args.path, args.ops or args.csv)
     if args.csv:
         sys.stdout.write(fmt.to_csv(rows, OP_COLUMNS))

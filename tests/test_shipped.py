@@ -68,12 +68,13 @@ def test_weight_bytes_are_traceable_to_their_ops(shipped):
 
 @pytest.mark.conversion
 def test_structure_build_regenerates_the_shipped_graph(shipped, structure_builds):
-    """Same layers and attention geometry at small hidden/vocab sizes: the same graph, op for op (const
-    counts may differ by deduplication), the same tiles and the same KV bytes."""
+    """Same layers and attention geometry at small hidden/vocab sizes: the same graph, op for op, the same
+    tiles and the same KV bytes. Two counts legitimately differ: const (deduplication depends on the
+    values) and cast (coremltools narrows the token ids to int16 when the vocabulary fits, 1,000 < 32,768)."""
     for variant, path in structure_builds.items():
         full = shipped[variant][1]
         small = load_program(path)[1]
-        strip = lambda counts: {k: n for k, n in counts.items() if k != "const"}  # noqa: E731
+        strip = lambda counts: {k: n for k, n in counts.items() if k not in ("const", "cast")}  # noqa: E731
         assert strip(small["summary"]["op_counts"]) == strip(full["summary"]["op_counts"]), variant
         for t_full, t_small in zip(full["summary"]["tiles"], small["summary"]["tiles"], strict=True):
             assert {k: t_full[k] for k in ("layer", "input_shape", "output_shape", "dtype", "output_bytes", "kind")} \

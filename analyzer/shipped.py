@@ -1,0 +1,222 @@
+"""The analyses the dashboard can open: the shipped default ones, cached builds, and analysed packages.
+
+First open must not wait for a 2.5-minute, 15 GB conversion, so the default preset's full-size
+analyses ship with the code as JSON (the same document as a build's ``analysis.json``: op records,
+counts, tiles, bytes; no weights, no ``.mlpackage``) in ``analyzer/shipped/``, named
+``<preset>-<variant>-<kv mode>-ctx<N>.analysis.json``. Everything else a user can pick is a cached build
+(``analyzer.builds.list_builds``) or a ``.mlpackage`` made by another tool, walked on request.
+
+An :class:`AnalysisRef` names one of them with a stable id (``shipped:<file stem>``, ``build:<key>``,
+``package:<path>``) that the UI keeps in session state and maps device-log labels to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from analyzer.builds import KV_MODES, PACKAGE_NAME, builds_dir, list_builds, load_analysis
+from analyzer.errors import QfoldError
+from analyzer.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+SHIPPED_SUFFIX = ".analysis.json"
+DEFAULT_KV_MODE = "state"
+DEFAULT_CTX = 4096
+BASELINE_VARIANT = "repeat_kv"
+CANDIDATE_VARIANT = "qfold"
+
+AnalysisKind = Literal["shipped", "build", "package"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShippedAnalysis:
+    """One shipped analysis file and what its name says it is."""
+
+    preset: str
+    variant: str
+    kv_mode: str
+    ctx: int
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class AnalysisRef:
+    """Something the dashboard can open as an analysis document.
+
+    ``path`` is the ``analysis.json`` (shipped), the build folder (build) or the ``.mlpackage`` (package);
+    ``package_path`` is the build's ``.mlpackage`` when one exists on this server.
+    """
+
+    id: str
+    kind: AnalysisKind
+    label: str
+    path: Path
+    variant: str | None
+    package_path: Path | None = None
+    created: str = ""
+    spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression)
+
+
+def _variant_names() -> tuple[str, ...]:
+    from analyzer.variants import VARIANTS
+
+    return tuple(sorted(VARIANTS, key=len, reverse=True))  # longest first: no name is a prefix of another's match
+
+
+def _name_pattern() -> re.Pattern[str]:
+    variants = "|".join(re.escape(v) for v in _variant_names())
+    kv = "|".join(re.escape(k) for k in KV_MODES)
+    return re.compile(rf"^(?P<preset>.+)-(?P<variant>{variants})-(?P<kv>{kv})-ctx(?P<ctx>\d+)$")
+
+
+def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
+    """Every shipped analysis whose file name follows the convention (others are ignored)."""
+    pattern = _name_pattern()
+    out = []
+    for path in sorted(folder.glob(f"*{SHIPPED_SUFFIX}")) if folder.is_dir() else []:
+        m = pattern.match(path.name.removesuffix(SHIPPED_SUFFIX))
+        if m:
+            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path))
+    return out
+
+
+def shipped_analyses(folder: Path = SHIPPED_DIR) -> dict[str, Path]:
+    """The default preset's shipped analyses (KV as state, ctx 4096), by variant: the A/B page's default."""
+    return {
+        s.variant: s.path for s in shipped_files(folder)
+        if s.preset == DEFAULT_PRESET and s.kv_mode == DEFAULT_KV_MODE and s.ctx == DEFAULT_CTX
+    }
+
+
+def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> dict[str, Any]:
+    """The shipped default analysis document of ``variant``."""
+    paths = shipped_analyses(folder)
+    if variant not in paths:
+        have = ", ".join(sorted(paths)) or "none"
+        raise QfoldError(f"no shipped analysis for variant {variant!r} in {folder} (shipped: {have})")
+    return load_analysis(paths[variant])
+
+
+# ------------------------------------------------------------------------------------------------- catalog
+def describe_spec(spec: dict[str, Any]) -> str:
+    """``exaone-4.0-1.2b · repeat_kv · KV state · ctx 4096 · 2 layers, structure`` from a build spec."""
+    source = spec.get("source", {})
+    overrides = list(source.get("overrides", []))
+    parts = [source.get("label", "?"), spec.get("variant", "?"), f"KV {spec.get('kv_mode', '?')}",
+             f"ctx {spec.get('ctx', '?')}"]
+    size = []
+    layers = next((o.split("=", 1)[1] for o in overrides if o.startswith("num_hidden_layers=")), None)
+    if layers is not None:
+        size.append(f"{layers} layers")
+    structure = all(o in overrides for o in STRUCTURE_OVERRIDES)
+    size.append("structure" if structure else "full size" if not overrides else "overrides")
+    parts.append(", ".join(size))
+    if spec.get("compression"):
+        parts.append(f"compressed {spec['compression']}")
+    return " · ".join(parts)
+
+
+def _spec_fields(spec: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    source = spec.get("source", {})
+    return (
+        ("source", source.get("label")),
+        ("overrides", tuple(source.get("overrides", ()))),
+        ("config", repr(source.get("fingerprint", {}).get("config"))),
+        ("kv_mode", spec.get("kv_mode")),
+        ("ctx", spec.get("ctx")),
+        ("compression", spec.get("compression")),
+    )
+
+
+def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
+    out = []
+    for s in shipped_files(folder):
+        out.append(AnalysisRef(
+            id=f"shipped:{s.path.name.removesuffix(SHIPPED_SUFFIX)}",
+            kind="shipped",
+            label=f"shipped · {s.preset} · {s.variant} · KV {s.kv_mode} · ctx {s.ctx} · full size",
+            path=s.path,
+            variant=s.variant,
+            spec=(("source", s.preset), ("overrides", ()), ("kv_mode", s.kv_mode), ("ctx", s.ctx),
+                  ("compression", None)),
+        ))
+    return out
+
+
+def build_refs(root: str | Path | None = None) -> list[AnalysisRef]:
+    out = []
+    for b in list_builds(root):
+        spec = b.get("spec", {})
+        path = Path(b["path"])
+        package = path / PACKAGE_NAME
+        out.append(AnalysisRef(
+            id=f"build:{b['key']}",
+            kind="build",
+            label=f"build · {describe_spec(spec)} · {b['key'].rsplit('-', 1)[-1]}",
+            path=path,
+            variant=spec.get("variant"),
+            package_path=package if package.is_dir() else None,
+            created=b.get("created", ""),
+            spec=_spec_fields(spec),
+        ))
+    return out
+
+
+def package_ref(path: str | Path) -> AnalysisRef:
+    """A ``.mlpackage`` someone else built, analysed from its protobuf (no spec, no equivalence)."""
+    p = Path(path).expanduser().resolve()
+    return AnalysisRef(id=f"package:{p}", kind="package", label=f"package · {p.name} · {p.parent}", path=p,
+                       variant=None, package_path=p)
+
+
+def catalog(root: str | Path | None = None, packages: tuple[str, ...] = (),
+            folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
+    """Shipped analyses first, then cached builds (newest first), then analysed packages."""
+    return [*shipped_refs(folder), *build_refs(root), *(package_ref(p) for p in packages)]
+
+
+def default_pair(refs: list[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
+    """The A/B the dashboard opens on: the shipped default repeat_kv vs qfold, else the newest cached
+    repeat_kv build and a qfold build of the same source, KV mode, ctx and compression."""
+    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX))
+    shipped = {r.variant: r for r in refs if r.kind == "shipped" and set(default) <= set(r.spec)}
+    if BASELINE_VARIANT in shipped and CANDIDATE_VARIANT in shipped:
+        return shipped[BASELINE_VARIANT], shipped[CANDIDATE_VARIANT]
+    builds = [r for r in refs if r.kind == "build"]
+    for base in (r for r in builds if r.variant == BASELINE_VARIANT):
+        match = next((r for r in builds if r.variant == CANDIDATE_VARIANT and r.spec == base.spec), None)
+        if match is not None:
+            return base, match
+    return None
+
+
+def _label_variant_pattern() -> re.Pattern[str]:
+    """A variant named as a dash-separated word of a device-log build label (the write-up's example log:
+    ``exaone-repeat_kv-top8``, ``exaone-qfold-top8``; examples/README.md)."""
+    variants = "|".join(re.escape(v) for v in _variant_names())
+    return re.compile(rf"(?:^|[-.\s/])(?P<variant>{variants})(?=$|[-.\s/])")
+
+
+def default_log_mapping(labels: list[str], refs: list[AnalysisRef],
+                        pair: tuple[AnalysisRef, AnalysisRef] | None) -> dict[str, str | None]:
+    """Device-log build label → analysis id: a label that is a build key maps to that build; a label that
+    names one variant maps to that side of the default A/B pair; anything else stays unmapped (None)."""
+    by_key = {r.id.removeprefix("build:"): r.id for r in refs if r.kind == "build"}
+    by_variant = {r.variant: r.id for r in pair} if pair else {}
+    pattern = _label_variant_pattern()
+    out: dict[str, str | None] = {}
+    for label in labels:
+        if label in by_key:
+            out[label] = by_key[label]
+            continue
+        names = {m["variant"] for m in pattern.finditer(label)}
+        out[label] = by_variant.get(names.pop()) if len(names) == 1 else None
+    return out
+
+
+def builds_root() -> Path:
+    """Where cached builds live for this process (``$QFOLD_BUILDS`` or ``builds/``)."""
+    return builds_dir()

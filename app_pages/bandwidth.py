@@ -1,0 +1,119 @@
+"""Bandwidth model: measured tok/s against graph bytes per token (tok/s ≈ BW ÷ bytes), the bytes each
+measurement implies, residuals, fits per device, and the write-up's A/B cross-check."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from analyzer import figures
+from analyzer.bandwidth import DEFAULT_MAX_RESIDUAL_PCT, WRITEUP_AB_IPHONE
+from analyzer.errors import QfoldError
+from analyzer.fmt import MB, MIB
+from app_pages import shared
+
+st.title("Bandwidth model")
+st.caption("Decode on a phone is memory-bound, so tok/s ≈ BW ÷ bytes per token. Read backwards, a measured tok/s "
+           "and a bandwidth give the effective bytes a token moved, which can be set beside the bytes the graph "
+           "counts. This establishes scale and direction; it is not a DRAM measurement. MB = 10^6 bytes.")
+
+imported = shared.log_import()
+if not imported.measurements:
+    st.warning("No accepted device runs: upload logs on the Device logs page.")
+    st.page_link("app_pages/device_logs.py", label="Device logs", icon=":material/upload_file:")
+    st.stop()
+refs = shared.analysis_refs()
+by_id = shared.refs_by_id(refs)
+labels = list(dict.fromkeys(m.build for m in imported.measurements))
+mapping = shared.log_mapping(labels, refs)
+try:
+    graph = shared.graph_bytes(mapping, refs)
+except QfoldError as e:
+    st.error(f"Cannot load a mapped analysis: {e}")
+    st.stop()
+mapped_to = sorted({by_id[i].label for i in mapping.values() if i in by_id})
+source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)" if shared.using_example_log()
+          else "this session's uploaded logs")
+st.info(f"Using {source}; build labels mapped to: {'; '.join(mapped_to) or 'nothing yet'}. Change the logs or the "
+        "mapping on the Device logs page.", icon=":material/science:")
+
+c1, c2, c3 = st.columns([2, 3, 2], vertical_alignment="bottom")
+mode = c1.radio("Bandwidth for predictions", ["fixed", "fitted"], horizontal=True, key="bw_mode",
+                format_func=lambda m: {"fixed": "the slider's", "fitted": "fitted per device"}[m],
+                help="Fitted: least squares per device over its mapped builds (≥ 2 with distinct bytes); devices "
+                     "without a usable fit fall back to the write-up's 55,900 MB/s.")
+with c2:
+    bw_mb_s = shared.persisted_slider("BW (MB/s)", "bw_bw_mb_s", shared.DEFAULT_BW_MB_S, min_value=5_000.0,
+                                      max_value=200_000.0, step=100.0, format="%.0f", help=WRITEUP_AB_IPHONE.source)
+overhead = c3.toggle("Fit a fixed per-token time too", key="bw_overhead",
+                     help="t = bytes / BW + t0; needs ≥ 3 builds with distinct bytes on a device to be testable.")
+fits, assumptions, report = shared.bandwidth_analysis(
+    imported, graph, fixed_bw_bytes_per_s=bw_mb_s * MB if mode == "fixed" else None, overhead=overhead)
+frame = figures.bandwidth_frame(report)
+pairs = figures.pairs_frame(report)
+
+# ---------------------------------------------------------------------------------------------- A/B cross-check
+for p in report.pairs:
+    st.subheader(f"A/B cross-check on {p.device}")
+    st.markdown(f"A = `{p.build_a}` ({p.tok_per_s_a:.2f} tok/s), B = `{p.build_b}` ({p.tok_per_s_b:.2f} tok/s); "
+                f"BW {p.bw_bytes_per_s / MB:,.0f} MB/s")
+    k1, k2, k3, k4 = st.columns(4, border=True)
+    ia, ib = p.inferred_bytes_per_token_a, p.inferred_bytes_per_token_b
+    k1.metric("A inferred, MB/token", "—" if ia is None else f"{ia / MB:,.1f}",
+              help=f"{p.bw_bytes_per_s / MB:,.0f} MB/s ÷ {p.tok_per_s_a:.2f} tok/s")
+    k2.metric("B inferred, MB/token", "—" if ib is None else f"{ib / MB:,.1f}",
+              help=f"{p.bw_bytes_per_s / MB:,.0f} MB/s ÷ {p.tok_per_s_b:.2f} tok/s")
+    k3.metric("inferred difference, MB/token", f"{p.inferred_diff_bytes / MB:,.1f}",
+              help="BW × (1/tok_A − 1/tok_B); a per-token overhead cancels out")
+    if p.graph_diff_bytes is not None:
+        k4.metric("graph difference, MB/token", f"{p.graph_diff_bytes / MB:,.1f}",
+                  delta=None if p.gap_pct is None else f"inferred is {p.gap_pct:+.1f}%", delta_color="off",
+                  help=f"= {p.graph_diff_bytes / MIB:,.0f} MiB")
+    st.markdown(f"Measured speedup {p.tok_per_s_a:.2f} → {p.tok_per_s_b:.2f} tok/s = **{p.speedup:.2f}×**. "
+                f"At {p.bw_bytes_per_s / MB:,.0f} MB/s the measurements imply the heavier build moves "
+                f"**{p.inferred_diff_bytes / MB:,.0f} MB** more per token; the graphs say "
+                f"**{(p.graph_diff_bytes or 0) / MB:,.0f} MB** ({abs(p.gap_pct or 0):.0f}% "
+                f"{'less' if (p.gap_pct or 0) < 0 else 'more'} inferred than counted).")
+
+# ---------------------------------------------------------------------------------------------- chart
+st.subheader("Measured vs graph")
+st.plotly_chart(figures.bandwidth_figure(frame, shared.bandwidth_curves(bw_mb_s * MB, fits)), key="bw_chart")
+st.markdown("The numbers of the charts on this page (filled markers: graph bytes; open markers: the bytes each "
+            "measured tok/s implies at its device's bandwidth):")
+shared.table_with_download(frame, "bw_builds_csv", "bandwidth_crosscheck.csv", display=shared.crosscheck_display(frame))
+if report.unmapped_builds:
+    st.caption(f"Not on the chart (no analysis mapped, so no graph bytes): {', '.join(report.unmapped_builds)}. "
+               "Map them on the Device logs page.")
+uses: dict[str, list[str]] = {}
+for device, a in assumptions.items():
+    extra = f" + {a.overhead_s * 1e3:.2f} ms/token" if a.overhead_s else ""
+    uses.setdefault(f"{a.bytes_per_s / MB:,.0f} MB/s{extra} ({a.source})", []).append(device)
+for what, devices in uses.items():
+    st.caption(f"Predictions for {', '.join(devices)} use {what}.")
+
+left, right = st.columns(2)
+with left:
+    st.plotly_chart(figures.inferred_vs_graph_figure(frame), key="bw_inferred_chart")
+with right:
+    st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
+
+# ---------------------------------------------------------------------------------------------- fits
+st.subheader("Fits per device")
+if not fits:
+    st.info("No device has a build mapped to an analysis, so nothing can be fitted.")
+for f in fits:
+    (st.success if f.explains_builds else st.warning)(f.verdict)
+    if f.unmapped_builds:
+        st.caption(f"{f.device}: left out of the fit (not mapped): {', '.join(f.unmapped_builds)}")
+if len(pairs):
+    with st.expander("A/B pairs as a table"):
+        shared.table_with_download(pairs, "bw_pairs_csv", "bandwidth_pairs.csv")
+compressed = {m.quantization for m in imported.measurements if m.build in graph and m.quantization}
+fp16_graphs = [label for label, ref_id in mapping.items()
+               if ref_id and ref_id in by_id and label in graph
+               and not dict(by_id[ref_id].spec).get("compression")]
+if compressed and fp16_graphs:
+    st.info("The logs' builds were quantized (" + "; ".join(sorted(compressed)) + ") but the analyses mapped to them "
+            "are fp16: their absolute bytes per token (mostly weights) differ from what the device read, so a single "
+            f"bandwidth cannot fit both (residuals above {DEFAULT_MAX_RESIDUAL_PCT:g}% are expected). The A/B "
+            "difference is unaffected: quantization and weights are the same on both sides, and the difference is "
+            "the KV replication.", icon=":material/info:")

@@ -1,0 +1,309 @@
+"""What the pages share: cached loading of analyses and logs, pickers whose choice survives page changes,
+tables with their CSV download, and the conversion jobs of this session.
+
+Session-state keys are prefixed by the page that owns them (``ab_``, ``builds_``, ``logs_``, ``bw_``,
+``export_``); a page may read another page's keys (the Export page reads the A/B pair). Cached functions
+raise on failure — Streamlit never caches an exception — and the wrappers clear the entry anyway, so a
+failed load is retried next time rather than kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from analyzer import bandwidth as bw
+from analyzer.accounting import account
+from analyzer.analysis import load_program, program_from_json
+from analyzer.builds import queue
+from analyzer.errors import QfoldError
+from analyzer.figures import BandwidthCurve, bandwidth_frame, op_frame, pairs_frame
+from analyzer.fmt import MB, MIB, to_csv
+from analyzer.logs import LogImport, parse_logs, summarize
+from analyzer.report import BandwidthSection
+from analyzer.shipped import AnalysisRef, builds_root, catalog, default_log_mapping, default_pair
+from app_pages.jobs import BuildJob, JobSnapshot
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_LOG = REPO_ROOT / "examples" / "writeup_device_logs.csv"
+DEFAULT_BW_MB_S = bw.WRITEUP_AB_IPHONE.bytes_per_s / MB  # 55,900 MB/s, the write-up's constant
+UNMAPPED = "(not mapped)"
+
+
+# ------------------------------------------------------------------------------------------------- analyses
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+@st.cache_data(show_spinner=False, max_entries=32, ttl=600)
+def _catalog(root: str, root_mtime: float, packages: tuple[str, ...]) -> list[AnalysisRef]:
+    return catalog(root, packages)
+
+
+def analysis_refs() -> list[AnalysisRef]:
+    """Shipped analyses, cached builds (re-read when the builds folder changes) and this session's packages."""
+    root = builds_root()
+    packages = tuple(st.session_state.get("builds_packages", ()))
+    return _catalog(str(root), _mtime(root), packages)
+
+
+def refs_by_id(refs: Sequence[AnalysisRef]) -> dict[str, AnalysisRef]:
+    return {r.id: r for r in refs}
+
+
+@st.cache_data(show_spinner="Loading the analysis…", max_entries=16)
+def _load_doc(kind: str, path: str, mtime: float) -> dict[str, Any]:
+    # load_program re-derives summary and bytes with the current rules, for stored analyses too
+    return load_program(path)[1]
+
+
+def load_doc(ref: AnalysisRef) -> dict[str, Any]:
+    """The analysis document of ``ref`` (raises QfoldError with a message fit for st.error)."""
+    args = (ref.kind, str(ref.path), _mtime(ref.path))
+    try:
+        return _load_doc(*args)
+    except QfoldError:
+        _load_doc.clear(*args)
+        raise
+
+
+@st.cache_data(show_spinner="Accounting bytes per op…", max_entries=16)
+def _op_table(kind: str, path: str, mtime: float) -> pd.DataFrame:
+    doc = _load_doc(kind, path, mtime)
+    return op_frame(account(program_from_json(doc["program"])).op_rows())
+
+
+def op_table(ref: AnalysisRef) -> pd.DataFrame:
+    """Every op of ``ref`` with the bytes it moves per token, by category."""
+    args = (ref.kind, str(ref.path), _mtime(ref.path))
+    try:
+        return _op_table(*args)
+    except QfoldError:
+        _op_table.clear(*args)
+        raise
+
+
+def ab_pair(refs: Sequence[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
+    """The A/B page's current pair (its defaults when the user has not chosen)."""
+    by_id = refs_by_id(refs)
+    default = default_pair(list(refs))
+    a = by_id.get(st.session_state.get("ab_a", "")) or (default[0] if default else None)
+    b = by_id.get(st.session_state.get("ab_b", "")) or (default[1] if default else None)
+    return (a, b) if a is not None and b is not None else None
+
+
+def short_label(ref: AnalysisRef) -> str:
+    """The variant and kind, for chart legends (the full label is in the picker)."""
+    return f"{ref.variant or Path(ref.path).stem} ({ref.kind})"
+
+
+# ------------------------------------------------------------------------------------------------- widgets
+def persisted_selectbox(label: str, options: Sequence[Any], key: str, default: Any = None,
+                        format_func: Callable[[Any], str] = str, **kwargs: Any) -> Any:
+    """A selectbox whose value lives in ``st.session_state[key]`` and so survives page changes
+    (Streamlit drops the state of widgets that are not drawn)."""
+    options = list(options)
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default if default in options else (options[0] if options else None)
+    widget = f"{key}__widget"
+
+    def sync() -> None:
+        st.session_state[key] = st.session_state[widget]
+
+    index = options.index(st.session_state[key]) if options else None
+    st.selectbox(label, options, index=index, key=widget, on_change=sync, format_func=format_func, **kwargs)
+    return st.session_state[key]
+
+
+def persisted_slider(label: str, key: str, default: float, **kwargs: Any) -> Any:
+    """A slider whose value lives in ``st.session_state[key]``."""
+    st.session_state.setdefault(key, default)
+    widget = f"{key}__widget"
+
+    def sync() -> None:
+        st.session_state[key] = st.session_state[widget]
+
+    st.slider(label, value=st.session_state[key], key=widget, on_change=sync, **kwargs)
+    return st.session_state[key]
+
+
+# ------------------------------------------------------------------------------------------------- tables
+def frame_csv(frame: pd.DataFrame) -> str:
+    """A frame as CSV through ``fmt.to_csv`` (formula-like cells escaped; missing values empty)."""
+    clean = frame.astype(object).where(frame.notna(), None)
+    return to_csv(clean.to_dict("records"), [str(c) for c in frame.columns])
+
+
+def with_units(frame: pd.DataFrame, byte_columns: Sequence[str], mb: bool = False) -> pd.DataFrame:
+    """Add ``<col> MiB`` (and ``<col> MB``) beside byte columns, for display only."""
+    out = frame.copy()
+    for col in byte_columns:
+        pos = out.columns.get_loc(col) + 1
+        values = pd.to_numeric(out[col], errors="coerce").astype("float64")
+        if mb:
+            out.insert(pos, f"{col} MB", values / MB)
+        out.insert(pos, f"{col} MiB", values / MIB)
+    return out
+
+
+def category_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """``figures.category_frame`` in MiB and MB, for the headline (the CSV keeps the exact bytes)."""
+    out = pd.DataFrame({"category": frame["category"]})
+    for unit, scale in (("MiB", MIB), ("MB", MB)):
+        for side, col in (("A", "a_bytes"), ("B", "b_bytes"), ("Δ", "delta_bytes")):
+            out[f"{side} {unit}"] = frame[col].astype("float64") / scale
+    return out
+
+
+def crosscheck_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """``figures.bandwidth_frame`` with bytes in MB, for the page (the CSV keeps the exact bytes)."""
+    def num(col: str, scale: float = 1.0) -> pd.Series:
+        return pd.to_numeric(frame[col], errors="coerce").astype("float64") / scale
+
+    return pd.DataFrame({
+        "build": frame["build"], "device": frame["device"], "n": frame["n"],
+        "measured tok/s": num("measured_tok_per_s"), "predicted tok/s": num("predicted_tok_per_s"),
+        "residual %": num("residual_pct"), "graph MB": num("graph_bytes_per_token", MB),
+        "inferred MB": num("inferred_bytes_per_token", MB), "gap MB": num("gap_bytes", MB), "gap %": num("gap_pct"),
+        "BW MB/s": num("bw_bytes_per_s", MB),
+    })
+
+
+def tile_sizes_text(doc: dict[str, Any]) -> str:
+    """``60 tiles × 16 MiB = 960 MiB`` when the tiles are all one size."""
+    tiles = doc["summary"]["tiles"]
+    sizes = {t["output_bytes"] for t in tiles}
+    total = sum(t["output_bytes"] for t in tiles)
+    if len(sizes) == 1:
+        return f"A: {len(tiles)} tiles × {sizes.pop() / MIB:,.2f} MiB = {total / MIB:,.0f} MiB of tile output"
+    return f"A: {len(tiles)} tiles, {total / MIB:,.0f} MiB of tile output"
+
+
+def number_config(frame: pd.DataFrame) -> dict[str, Any]:
+    """Thousands separators for ints, one decimal for MiB/MB, two for the rest."""
+    config: dict[str, Any] = {}
+    for col in frame.columns:
+        name = str(col)
+        if pd.api.types.is_integer_dtype(frame[col]):
+            config[name] = st.column_config.NumberColumn(format="localized")
+        elif pd.api.types.is_float_dtype(frame[col]):
+            fmt = "%,.1f" if name.endswith((" MiB", " MB", " %", "MB/s")) else "%,.2f"
+            config[name] = st.column_config.NumberColumn(format=fmt)
+    return config
+
+
+def fit_height(n_rows: int, max_px: int = 420) -> int:
+    """A table height that shows every row up to ``max_px`` (no empty rows under a short table)."""
+    return min(max_px, 38 + 35 * max(n_rows, 1))
+
+
+def table_with_download(frame: pd.DataFrame, key: str, file_name: str, *, display: pd.DataFrame | None = None,
+                        max_height: int = 420, caption: str | None = None) -> None:
+    """The numbers of a chart: the table (``display`` if given) and its CSV (always the raw ``frame``)."""
+    shown = frame if display is None else display
+    st.dataframe(shown, hide_index=True, width="stretch", height=fit_height(len(shown), max_height),
+                 column_config=number_config(shown))
+    if caption:
+        st.caption(caption)
+    st.download_button("Download CSV", frame_csv(frame), file_name=file_name, mime="text/csv", key=key,
+                       icon=":material/download:", on_click="ignore")
+
+
+# ------------------------------------------------------------------------------------------------- logs
+@st.cache_data(show_spinner="Validating the logs…", max_entries=16)
+def _parse_logs(files: tuple[tuple[str, bytes], ...]) -> LogImport:
+    return parse_logs(list(files))
+
+
+def example_log_files() -> tuple[tuple[str, bytes], ...]:
+    return ((EXAMPLE_LOG.name, EXAMPLE_LOG.read_bytes()),) if EXAMPLE_LOG.is_file() else ()
+
+
+def log_files() -> tuple[tuple[str, bytes], ...]:
+    """The logs this session works on: its uploads, else the write-up's example log."""
+    files = st.session_state.get("logs_files")
+    return tuple(files) if files else example_log_files()
+
+
+def using_example_log() -> bool:
+    return not st.session_state.get("logs_files")
+
+
+def log_import() -> LogImport:
+    return _parse_logs(log_files())
+
+
+def log_mapping(labels: Sequence[str], refs: Sequence[AnalysisRef]) -> dict[str, str | None]:
+    """Build label → analysis id, kept in ``logs_mapping``; labels seen for the first time get defaults."""
+    mapping: dict[str, str | None] = dict(st.session_state.get("logs_mapping", {}))
+    ids = {r.id for r in refs}
+    new = [label for label in labels if label not in mapping or (mapping[label] and mapping[label] not in ids)]
+    if new:
+        mapping.update(default_log_mapping(new, list(refs), default_pair(list(refs))))
+        st.session_state["logs_mapping"] = mapping
+    return {label: mapping.get(label) for label in labels}
+
+
+def graph_bytes(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> dict[str, int]:
+    """Build label → total graph bytes per token of the analysis it is mapped to."""
+    by_id = refs_by_id(refs)
+    out = {}
+    for label, ref_id in mapping.items():
+        if ref_id and ref_id in by_id:
+            out[label] = int(load_doc(by_id[ref_id])["bytes"]["bytes_per_token"]["total"])
+    return out
+
+
+def bandwidth_analysis(imported: LogImport, graph: dict[str, int], *, fixed_bw_bytes_per_s: float | None,
+                       overhead: bool) -> tuple[tuple[bw.BandwidthFit, ...], dict[str, bw.BandwidthAssumption],
+                                                bw.CrossCheckReport]:
+    """Fits per device, the bandwidth each device's predictions use, and the cross-check."""
+    summaries = summarize(imported.measurements)
+    fits = bw.fit_devices(summaries, graph, overhead=overhead)
+    devices = list(dict.fromkeys(s.device for s in summaries))
+    assumptions = bw.bandwidth_per_device(devices, fits, fixed_bw_bytes_per_s=fixed_bw_bytes_per_s)
+    return fits, assumptions, bw.crosscheck(summaries, graph, assumptions)
+
+
+def bandwidth_curves(bw_bytes_per_s: float, fits: Sequence[bw.BandwidthFit]) -> tuple[BandwidthCurve, ...]:
+    curves = [BandwidthCurve(f"BW {bw_bytes_per_s / MB:,.0f} MB/s (slider)", bw_bytes_per_s)]
+    for f in fits:
+        if f.usable:
+            extra = f" + {f.overhead_s * 1e3:.2f} ms" if f.model == "bandwidth+overhead" else ""
+            curves.append(BandwidthCurve(f"fit {f.device}: {f.bw_bytes_per_s / MB:,.0f} MB/s{extra}",
+                                         f.bw_bytes_per_s, max(f.overhead_s, 0.0), dash="dash", color="#888"))
+    return tuple(curves)
+
+
+def bandwidth_section(refs: Sequence[AnalysisRef], bw_bytes_per_s: float) -> BandwidthSection | None:
+    """The Bandwidth page's content for the report, from this session's logs and mapping (fixed BW)."""
+    imported = log_import()
+    if not imported.measurements:
+        return None
+    labels = list(dict.fromkeys(m.build for m in imported.measurements))
+    graph = graph_bytes(log_mapping(labels, refs), refs)
+    fits, _, report = bandwidth_analysis(imported, graph, fixed_bw_bytes_per_s=bw_bytes_per_s, overhead=False)
+    return BandwidthSection(bandwidth_frame(report), pairs_frame(report), bandwidth_curves(bw_bytes_per_s, fits),
+                            tuple(f.verdict for f in fits))
+
+
+# ------------------------------------------------------------------------------------------------- jobs
+def start_job(job: BuildJob) -> None:
+    st.session_state.setdefault("builds_jobs", []).append(job.start())
+
+
+def job_snapshots() -> list[JobSnapshot]:
+    return [j.snapshot() for j in st.session_state.get("builds_jobs", [])]
+
+
+def running_keys() -> set[str]:
+    """Build keys converting now: this session's jobs and the machine-wide queue."""
+    keys = {k for s in job_snapshots() if not s.finished for k in s.keys}
+    return keys | {e["key"] for e in queue(builds_root())}
