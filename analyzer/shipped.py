@@ -3,8 +3,9 @@
 First open must not wait for a 2.5-minute, 15 GB conversion, so the default preset's full-size
 analyses ship with the code as JSON (the same document as a build's ``analysis.json``: op records,
 counts, tiles, bytes; no weights, no ``.mlpackage``) in ``analyzer/shipped/``, named
-``<preset>-<variant>-<kv mode>-ctx<N>.analysis.json``. Everything else a user can pick is a cached build
-(``analyzer.builds.list_builds``) or a ``.mlpackage`` made by another tool, walked on request.
+``<preset>-<variant>-<kv mode>-ctx<N>[-<compression preset>].analysis.json``. Everything else a user
+can pick is a cached build (``analyzer.builds.list_builds``) or a ``.mlpackage`` made by another tool,
+walked on request.
 
 An :class:`AnalysisRef` names one of them with a stable id (``shipped:<file stem>``, ``build:<key>``,
 ``package:<path>``) that the UI keeps in session state and maps device-log labels to.
@@ -40,6 +41,7 @@ class ShippedAnalysis:
     kv_mode: str
     ctx: int
     path: Path
+    compression: str | None = None  # a compression preset name (analyzer.compress.PRESETS), None = fp16
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,14 @@ def _variant_names() -> tuple[str, ...]:
 def _name_pattern() -> re.Pattern[str]:
     variants = "|".join(re.escape(v) for v in _variant_names())
     kv = "|".join(re.escape(k) for k in KV_MODES)
-    return re.compile(rf"^(?P<preset>.+)-(?P<variant>{variants})-(?P<kv>{kv})-ctx(?P<ctx>\d+)$")
+    return re.compile(rf"^(?P<preset>.+)-(?P<variant>{variants})-(?P<kv>{kv})-ctx(?P<ctx>\d+)"
+                      rf"(?:-(?P<compression>{_compression_names()}))?$")
+
+
+def _compression_names() -> str:
+    from analyzer.compress import PRESETS
+
+    return "|".join(re.escape(n) for n in PRESETS)
 
 
 def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
@@ -79,7 +88,7 @@ def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
     for path in sorted(folder.glob(f"*{SHIPPED_SUFFIX}")) if folder.is_dir() else []:
         m = pattern.match(path.name.removesuffix(SHIPPED_SUFFIX))
         if m:
-            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path))
+            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path, m["compression"]))
     return out
 
 
@@ -88,6 +97,7 @@ def shipped_analyses(folder: Path = SHIPPED_DIR) -> dict[str, Path]:
     return {
         s.variant: s.path for s in shipped_files(folder)
         if s.preset == DEFAULT_PRESET and s.kv_mode == DEFAULT_KV_MODE and s.ctx == DEFAULT_CTX
+        and s.compression is None
     }
 
 
@@ -137,11 +147,12 @@ def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
         out.append(AnalysisRef(
             id=f"shipped:{s.path.name.removesuffix(SHIPPED_SUFFIX)}",
             kind="shipped",
-            label=f"shipped · {s.preset} · {s.variant} · KV {s.kv_mode} · ctx {s.ctx} · full size",
+            label=f"shipped · {s.preset} · {s.variant} · KV {s.kv_mode} · ctx {s.ctx} · full size"
+                  + (f" · compressed {s.compression}" if s.compression else ""),
             path=s.path,
             variant=s.variant,
             spec=(("source", s.preset), ("overrides", ()), ("kv_mode", s.kv_mode), ("ctx", s.ctx),
-                  ("compression", None)),
+                  ("compression", s.compression)),
         ))
     return out
 
@@ -203,17 +214,28 @@ def _label_variant_pattern() -> re.Pattern[str]:
 def default_log_mapping(labels: list[str], refs: list[AnalysisRef],
                         pair: tuple[AnalysisRef, AnalysisRef] | None) -> dict[str, str | None]:
     """Device-log build label → analysis id: a label that is a build key maps to that build; a label that
-    names one variant maps to that side of the default A/B pair; anything else stays unmapped (None)."""
+    names one variant and a compression preset (``exaone-qfold-top8``) maps to the shipped analysis of
+    both when there is one; a label that names one variant maps to that side of the default A/B pair;
+    anything else stays unmapped (None)."""
     by_key = {r.id.removeprefix("build:"): r.id for r in refs if r.kind == "build"}
     by_variant = {r.variant: r.id for r in pair} if pair else {}
+    shipped = {(r.variant, dict(r.spec).get("compression")): r.id for r in refs if r.kind == "shipped"
+               and dict(r.spec).get("source") == DEFAULT_PRESET}
     pattern = _label_variant_pattern()
+    compression = re.compile(rf"(?:^|[-.\s/])(?P<c>{_compression_names()})(?=$|[-.\s/])")
     out: dict[str, str | None] = {}
     for label in labels:
         if label in by_key:
             out[label] = by_key[label]
             continue
         names = {m["variant"] for m in pattern.finditer(label)}
-        out[label] = by_variant.get(names.pop()) if len(names) == 1 else None
+        if len(names) != 1:
+            out[label] = None
+            continue
+        variant = names.pop()
+        levels = {m["c"] for m in compression.finditer(label)}
+        level = levels.pop() if len(levels) == 1 else None
+        out[label] = shipped.get((variant, level)) or by_variant.get(variant)
     return out
 
 
