@@ -111,12 +111,17 @@ class MilProgram:
         return [op for op in self.ops if op.type == "tile"]
 
     def consumers(self) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {op.index: [] for op in self.ops}
-        for op in self.ops:
-            for ref in op.inputs:
-                if ref.producer is not None:
-                    out[ref.producer].append(op.index)
-        return out
+        return consumer_map(self.ops)
+
+
+def consumer_map(ops) -> dict[int, list[int]]:
+    """Op index → indices of the ops that read one of its outputs."""
+    out: dict[int, list[int]] = {op.index: [] for op in ops}
+    for op in ops:
+        for ref in op.inputs:
+            if ref.producer is not None:
+                out[ref.producer].append(op.index)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- proto
@@ -373,11 +378,7 @@ def _classify_tiles(ops: list[OpRecord]) -> list[OpRecord]:
     """A tile is ``kv_replication`` when its output reaches attention (a ``matmul``, or the ``mul`` of the
     read-only-cache self term) through views only: the repeat_kv pattern ``expand_dims → tile → reshape →
     matmul``. Any other tile (coremltools' own passes can emit some) is ``other``."""
-    consumers: dict[int, list[int]] = {op.index: [] for op in ops}
-    for op in ops:
-        for r in op.inputs:
-            if r.producer is not None:
-                consumers[r.producer].append(op.index)
+    consumers = consumer_map(ops)
 
     def reaches_matmul(index: int, depth: int = 0) -> bool:
         if depth > 8:
