@@ -19,6 +19,7 @@ Not covered: multi-head latent attention caches, attention sinks (``s_aux``), hy
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,7 @@ _register_attention()
 
 
 # ------------------------------------------------------------------------------------------------- cache
+@functools.cache  # built once: forward() runs once per decoded token
 def _cache_classes():
     from transformers.cache_utils import Cache, CacheLayerMixin
 
