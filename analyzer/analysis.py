@@ -123,17 +123,12 @@ def equivalence_json(report) -> dict[str, Any]:
 def reanalyze_build(path: str | Path) -> dict[str, Any]:
     """Walk a build's saved package again and rewrite its analysis.json (summary, bytes, program), keeping
     spec, timings and equivalence: for builds made before the walker learned something new."""
-    import json
-    import os
-
-    from analyzer.builds import ANALYSIS_FILE, PACKAGE_NAME, load_analysis
+    from analyzer.builds import ANALYSIS_FILE, PACKAGE_NAME, load_analysis, write_json_atomic
 
     build = Path(path)
     doc = load_analysis(build)
     fresh = program_document(read_program(build / PACKAGE_NAME))
     fresh["program"]["path"] = PACKAGE_NAME
     doc.update(fresh)
-    tmp = build / f".{ANALYSIS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(doc, separators=(",", ":")))
-    os.replace(tmp, build / ANALYSIS_FILE)
+    write_json_atomic(build / ANALYSIS_FILE, doc, compact=True)
     return doc

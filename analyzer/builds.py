@@ -34,6 +34,14 @@ DEFAULT_EQUIVALENCE_STEPS = 8
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def write_json_atomic(path: Path, obj: Any, compact: bool = False) -> None:
+    """Write JSON beside ``path`` and rename it into place, so readers in other processes never see a
+    half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, separators=(",", ":")) if compact else json.dumps(obj))
+    os.replace(tmp, path)
+
+
 def builds_dir(path: str | Path | None = None) -> Path:
     """``--builds-dir``, else ``$QFOLD_BUILDS``, else ``builds/`` beside the code."""
     return Path(path or os.environ.get("QFOLD_BUILDS") or REPO_ROOT / "builds")

@@ -28,6 +28,7 @@ from analyzer.builds import (
     clean_stale_tmp,
     is_complete,
     tool_versions,
+    write_json_atomic,
 )
 from analyzer.errors import BuildError, QfoldError
 
@@ -124,9 +125,7 @@ def _equivalence(spec: BuildSpec, model, cache_dir: Path | None) -> dict:
     report = equivalence_json(check_equivalence(model, spec.kv_mode, spec.ctx, spec.equivalence_steps))
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(report))
-        os.replace(tmp, cached)
+        write_json_atomic(cached, report)
     return report
 
 
@@ -214,9 +213,7 @@ class _QueueEntry:
         self.since = time.time()
 
     def set(self, state: str) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": self.key, "pid": os.getpid(), "state": state, "since": self.since}))
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, {"key": self.key, "pid": os.getpid(), "state": state, "since": self.since})
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
