@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analyzer import figures
-from analyzer.accounting import CATEGORIES
-from analyzer.builds import BuildSpec
-from analyzer.diff import diff_documents
+from analyzer.build.builds import BuildSpec
+from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB
-from analyzer.report import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, headline_frame
-from analyzer.shipped import BASELINE_VARIANT, CANDIDATE_VARIANT, DEFAULT_CTX, DEFAULT_KV_MODE, shipped_analyses
-from analyzer.sources import DEFAULT_PRESET, resolve_source
+from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.diff import diff_documents
+from analyzer.model.sources import DEFAULT_PRESET, resolve_source
+from analyzer.report import figures
+from analyzer.report.catalog import BASELINE_VARIANT, CANDIDATE_VARIANT, DEFAULT_CTX, DEFAULT_KV_MODE, shipped_analyses
+from analyzer.report.report import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, headline_frame
 from app_pages import shared
-from app_pages.jobs import BuildJob
 
 st.title("A/B: where the KV copies go")
 st.caption("Two Core ML decode graphs of one model, compared op by op: the `tile` ops `repeat_kv` leaves in the "

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analyzer import figures
-from analyzer.bandwidth import DEFAULT_MAX_RESIDUAL_PCT, WRITEUP_AB_IPHONE
+from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT, WRITEUP_AB_IPHONE
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB
+from analyzer.report import figures
 from app_pages import shared
 
 st.title("Bandwidth model")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from analyzer.builds import KV_MODES, LOG_FILE, BuildSpec, is_complete, list_builds, queue
+from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, list_builds, queue
+from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError, SourceError
 from analyzer.fmt import MIB
-from analyzer.shipped import describe_spec, package_ref
-from analyzer.sources import (
+from analyzer.model.sources import (
     DEFAULT_PRESET,
     STRUCTURE_OVERRIDES,
     AttentionGeometry,
@@ -27,9 +27,9 @@ from analyzer.sources import (
     load_config,
     resolve_source,
 )
-from analyzer.variants import VARIANTS
+from analyzer.model.variants import KV_MODES, VARIANTS
+from analyzer.report.catalog import describe_spec, package_ref
 from app_pages import shared
-from app_pages.jobs import BuildJob
 
 CUSTOM = "custom spec…"
 LOG_TAIL_LINES = 80
@@ -105,14 +105,14 @@ with st.container(border=True):
                        format_func=lambda m: {"state": "Core ML state", "input": "inputs (read-only)"}.get(m, m))
     c4, c5 = st.columns(2)
     variants = c4.multiselect("Variants", sorted(VARIANTS), default=["repeat_kv", "qfold"], key="builds_variants")
-    has_compress = importlib.util.find_spec("analyzer.compress") is not None
+    has_compress = importlib.util.find_spec("analyzer.build.compress") is not None
     presets_c = {}
     if has_compress:
-        from analyzer.compress import PRESETS as presets_c  # base, top8, top12 (write-up section 4)
+        from analyzer.build.compress import PRESETS as presets_c  # base, top8, top12 (write-up section 4)
     compression = c5.selectbox("Weight compression", ["none", *presets_c, *([CUSTOM] if has_compress else [])],
                                key="builds_compression", disabled=not has_compress,
                                format_func=lambda c: f"{c}: {presets_c[c].description}" if c in presets_c else c,
-                               help=None if has_compress else "analyzer.compress is not in this version")
+                               help=None if has_compress else "analyzer.build.compress is not in this version")
     if compression == CUSTOM:
         compression = st.text_input("Compression spec", key="builds_compression_spec",
                                     placeholder="ffn=pal4,attn=int8,lm_head=pal6,layers[first:2]=int8",
@@ -157,7 +157,7 @@ with st.container(border=True):
         try:
             spec_text = None
             if compression != "none":
-                from analyzer.compress import canonical_spec
+                from analyzer.build.compress import canonical_spec
 
                 spec_text = canonical_spec(compression, resolved[1].num_layers)
             specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text) for v in variants)

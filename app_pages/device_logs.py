@@ -9,7 +9,7 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
-from analyzer.logs import KNOWN_COLUMNS, REQUIRED_COLUMNS, LogLimits, summarize
+from analyzer.device.logs import KNOWN_COLUMNS, REQUIRED_COLUMNS, LogLimits, summarize
 from app_pages import shared
 
 st.title("Device logs")

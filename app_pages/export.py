@@ -9,12 +9,12 @@ from functools import partial
 
 import streamlit as st
 
-from analyzer import figures
-from analyzer.accounting import OP_COLUMNS, account
-from analyzer.analysis import program_from_json
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB, to_csv
-from analyzer.report import MAX_DOWNLOAD_PACKAGE_BYTES, build_report, package_size_bytes, zip_package
+from analyzer.graph.accounting import OP_COLUMNS, account
+from analyzer.graph.record import program_from_json
+from analyzer.report import figures
+from analyzer.report.report import MAX_DOWNLOAD_PACKAGE_BYTES, build_report, package_size_bytes, zip_package
 from app_pages import shared
 
 st.title("Export")

@@ -16,17 +16,17 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from analyzer import bandwidth as bw
-from analyzer.accounting import account
-from analyzer.analysis import load_program, program_from_json
-from analyzer.builds import queue
+from analyzer.build.builds import queue
+from analyzer.build.jobs import BuildJob, JobSnapshot
+from analyzer.device import bandwidth as bw
+from analyzer.device.logs import LogImport, parse_logs, summarize
 from analyzer.errors import QfoldError
-from analyzer.figures import BandwidthCurve, bandwidth_frame, op_frame, pairs_frame
 from analyzer.fmt import MB, MIB, to_csv
-from analyzer.logs import LogImport, parse_logs, summarize
-from analyzer.report import BandwidthSection
-from analyzer.shipped import AnalysisRef, builds_root, catalog, default_log_mapping, default_pair
-from app_pages.jobs import BuildJob, JobSnapshot
+from analyzer.graph.accounting import account
+from analyzer.graph.record import load_program, program_from_json
+from analyzer.report.catalog import AnalysisRef, builds_root, catalog, default_log_mapping, default_pair
+from analyzer.report.figures import BandwidthCurve, bandwidth_frame, op_frame, pairs_frame
+from analyzer.report.report import BandwidthSection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_LOG = REPO_ROOT / "examples" / "writeup_device_logs.csv"

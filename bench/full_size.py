@@ -14,8 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from analyzer.builds import BuildSpec, load_analysis, run_build
-from analyzer.sources import DEFAULT_PRESET, resolve_source
+from analyzer.build.builds import BuildSpec, run_build
+from analyzer.graph.record import load_analysis
+from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +31,7 @@ def main() -> int:
     source = resolve_source(DEFAULT_PRESET)
     compression = None
     if a.compression:
-        from analyzer.compress import canonical_spec
+        from analyzer.build.compress import canonical_spec
 
         compression = canonical_spec(a.compression, 30)
     rows = {}

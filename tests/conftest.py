@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.builds import BuildSpec, run_build
-from analyzer.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
+from analyzer.build.builds import BuildSpec, run_build
+from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
 
 TINY_OVERRIDES = (*STRUCTURE_OVERRIDES, "num_hidden_layers=2")
 TINY_CTX = 256

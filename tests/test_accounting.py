@@ -2,11 +2,11 @@
 
 import pytest
 
-from analyzer.accounting import CATEGORIES, RULES, account
-from analyzer.convert import convert_step
-from analyzer.decode import DecodeStep, build_model
-from analyzer.mil import read_program
-from analyzer.sources import DEFAULT_PRESET, geometry_of, resolve_source
+from analyzer.build.convert import convert_step
+from analyzer.graph.accounting import CATEGORIES, RULES, account
+from analyzer.graph.mil import read_program
+from analyzer.model.decode import DecodeStep, build_model
+from analyzer.model.sources import DEFAULT_PRESET, geometry_of, resolve_source
 
 from .conftest import TINY_OVERRIDES
 

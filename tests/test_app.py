@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analyzer.builds import BuildResult, BuildSpec
+from analyzer.build.builds import BuildResult, BuildSpec
 from analyzer.errors import BuildError
 from analyzer.fmt import MIB
-from analyzer.shipped import catalog, default_pair, shipped_analyses
-from analyzer.sources import resolve_source
-from app_pages import jobs
+from analyzer.model.sources import resolve_source
+from analyzer.report.catalog import catalog, default_pair, shipped_analyses
+from analyzer.build import jobs
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app.py"
@@ -47,7 +47,7 @@ def texts(elements) -> list[str]:
 @pytest.fixture(scope="module")
 def expected_pair(tiny_builds) -> tuple[dict, dict]:
     """The two analyses the A/B page opens on, loaded the way the app loads them."""
-    from analyzer.analysis import load_program
+    from analyzer.graph.record import load_program
 
     pair = default_pair(catalog())
     assert pair is not None
@@ -206,7 +206,7 @@ def test_build_job_reports_a_failed_conversion(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- catalog
 def test_shipped_files_follow_the_naming_convention(tmp_path):
-    from analyzer.shipped import shipped_analyses, shipped_files
+    from analyzer.report.catalog import shipped_analyses, shipped_files
 
     for name in ("exaone-4.0-1.2b-repeat_kv-state-ctx4096.analysis.json",
                  "exaone-4.0-1.2b-qfold-state-ctx4096.analysis.json",
@@ -220,7 +220,7 @@ def test_shipped_files_follow_the_naming_convention(tmp_path):
 
 
 def test_default_pair_falls_back_to_matching_builds(tiny_builds):
-    from analyzer.shipped import build_refs
+    from analyzer.report.catalog import build_refs
 
     refs = build_refs()
     pair = default_pair(refs)  # no shipped refs given: the tiny builds
@@ -231,7 +231,7 @@ def test_default_pair_falls_back_to_matching_builds(tiny_builds):
 
 
 def test_default_log_mapping():
-    from analyzer.shipped import AnalysisRef, default_log_mapping
+    from analyzer.report.catalog import AnalysisRef, default_log_mapping
 
     a = AnalysisRef("build:k-repeat", "build", "A", Path("/x/k-repeat"), "repeat_kv")
     b = AnalysisRef("build:k-qfold", "build", "B", Path("/x/k-qfold"), "qfold")

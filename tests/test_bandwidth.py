@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.bandwidth import (
+from analyzer.cli.fit import add_parser as add_fit_parser
+from analyzer.cli.fit import run_fit
+from analyzer.device.bandwidth import (
     BANDWIDTH_PRESETS,
     DEFAULT_BANDWIDTH_PRESET,
     WRITEUP_AB_IPHONE,
@@ -30,8 +32,7 @@ from analyzer.bandwidth import (
     predicted_tok_per_s,
     preset_assumption,
 )
-from analyzer.fit_cli import add_fit_parser, run_fit
-from analyzer.logs import BuildDeviceSummary, parse_log, summarize
+from analyzer.device.logs import BuildDeviceSummary, parse_log, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "writeup_device_logs.csv"
@@ -372,9 +373,9 @@ def test_cli_build_paths_go_through_analyzer_builds(tmp_path: Path, monkeypatch:
         seen.append(path)
         return RKV_GRAPH_BYTES
 
-    stub = types.ModuleType("analyzer.builds")
+    stub = types.ModuleType("analyzer.build.builds")
     stub.load_bytes_per_token = load_bytes_per_token  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "analyzer.builds", stub)
+    monkeypatch.setitem(sys.modules, "analyzer.build.builds", stub)
     build_dir = tmp_path / "build-rkv"
     code, out, err = run_cli([str(EXAMPLE), "--build", f"{RKV}={build_dir}", "--build",
                               f"{QFOLD}={QFOLD_GRAPH_BYTES}", "--bw", "5.59e10", "--json"])

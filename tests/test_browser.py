@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.shipped import shipped_analyses
+from analyzer.report.catalog import shipped_analyses
 
 pytestmark = pytest.mark.browser
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.builds import ANALYSIS_FILE, PACKAGE_NAME, BuildSpec, clean_stale_tmp, run_build
+from analyzer.build.builds import PACKAGE_NAME, BuildSpec, clean_stale_tmp, run_build
 from analyzer.errors import BuildError
-from analyzer.sources import DEFAULT_PRESET, resolve_source
+from analyzer.graph.record import ANALYSIS_FILE
+from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 
 from .conftest import TINY_CTX, TINY_OVERRIDES
 
@@ -58,7 +59,7 @@ def test_killed_build_leaves_nothing_that_looks_finished(tmp_path):
     spec = BuildSpec(source, "qfold", "state", 512)
     request = tmp_path / "request.json"
     request.write_text(json.dumps(spec.to_json()))
-    proc = subprocess.Popen([sys.executable, "-m", "analyzer.convert", str(request), str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "analyzer.build.convert", str(request), str(tmp_path)],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
     try:
         for line in proc.stdout:  # wait until the conversion itself is under way

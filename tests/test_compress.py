@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from analyzer.compress import (
+from analyzer.build.compress import (
     DEFAULT_GROUP_CHANNELS,
     CompressionError,
     canonical_spec,
@@ -182,14 +182,14 @@ def find(producers: dict, const_name: str):
 # ------------------------------------------------------------------------------------------------- builds
 @pytest.fixture(scope="module")
 def source():
-    from analyzer.sources import resolve_source
+    from analyzer.model.sources import resolve_source
 
     return resolve_source("exaone-4.0-1.2b", TINY)
 
 
 @pytest.fixture(scope="module")
 def geometry(source):
-    from analyzer.sources import geometry_of, load_config
+    from analyzer.model.sources import geometry_of, load_config
 
     config = load_config(source)
     return geometry_of(config), config.intermediate_size
@@ -198,8 +198,8 @@ def geometry(source):
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """The fp16 and top8 builds of a 2-layer model through the child process (one equivalence step)."""
-    from analyzer.builds import BuildSpec, run_build
-    from analyzer.sources import resolve_source
+    from analyzer.build.builds import BuildSpec, run_build
+    from analyzer.model.sources import resolve_source
 
     source = resolve_source("exaone-4.0-1.2b", TWO_LAYERS)
     root = tmp_path_factory.mktemp("builds")
@@ -214,9 +214,9 @@ def builds(tmp_path_factory):
 def mixed(source, tmp_path_factory):
     """The tied model untied in torch, converted without const deduplication, saved as is (the fp16
     reference) and compressed with MIXED."""
-    from analyzer.convert import convert_step
-    from analyzer.decode import DecodeStep, build_model, untie_embeddings_
-    from analyzer.mil import read_program
+    from analyzer.build.convert import convert_step
+    from analyzer.graph.mil import read_program
+    from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
 
     plan = parse_spec(MIXED, 4)
     assert needs_untie(plan)
@@ -268,7 +268,7 @@ def test_mixed_config_puts_the_expected_constexpr_on_each_weight(mixed, geometry
 
 @pytest.mark.conversion
 def test_mixed_config_weight_bytes_match_sizes_computed_from_dims(mixed, geometry):
-    from analyzer.accounting import account
+    from analyzer.graph.accounting import account
 
     _, _, program, fp16_program = mixed
     geo, intermediate = geometry
@@ -338,7 +338,7 @@ def test_kmeans_without_scikit_learn_fails_before_compressing(builds):
 
 @pytest.mark.conversion
 def test_end_to_end_top8_build_reads_fewer_weight_bytes(builds):
-    from analyzer.analysis import load_program
+    from analyzer.graph.record import load_program
 
     (fp16, fp16_doc), (top8, top8_doc) = builds["fp16"], builds["top8"]
     assert fp16.key != top8.key

@@ -4,13 +4,13 @@ bytes for every GQA preset, 0 for MHA, MQA included (real conversions of 2-layer
 import pytest
 import torch
 
-from analyzer.accounting import account
-from analyzer.convert import convert_step
-from analyzer.decode import DecodeStep, build_model
-from analyzer.equivalence import check_equivalence
+from analyzer.build.convert import convert_step
 from analyzer.errors import SourceError
-from analyzer.mil import read_program
-from analyzer.sources import geometry_of, load_config, resolve_source
+from analyzer.graph.accounting import account
+from analyzer.graph.mil import read_program
+from analyzer.model.decode import DecodeStep, build_model
+from analyzer.model.equivalence import check_equivalence
+from analyzer.model.sources import geometry_of, load_config, resolve_source
 
 # Two layers, small MLP and vocab; hidden size and head geometry stay the preset's own.
 SHRINK = ["num_hidden_layers=2", "intermediate_size=256", "vocab_size=512"]

@@ -11,12 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer import figures
-from analyzer.accounting import CATEGORIES
-from analyzer.bandwidth import WRITEUP_AB_IPHONE, crosscheck, fixed_assumption
-from analyzer.diff import diff_documents
+from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, crosscheck, fixed_assumption
+from analyzer.device.logs import BuildDeviceSummary
 from analyzer.fmt import MB, MIB
-from analyzer.logs import BuildDeviceSummary
+from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.diff import diff_documents
+from analyzer.report import figures
 
 REPO = Path(__file__).resolve().parent.parent
 TILE_BYTES = 16 * MIB  # [1, 8, 4, 4096, 64] fp16, the default preset's tile (design.md)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer.logs import (
+from analyzer.device.logs import (
     LogImport,
     LogLimits,
     LogValidationError,

@@ -6,8 +6,8 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
-from analyzer.accounting import RULES, account
-from analyzer.mil import layer_from_name, read_program
+from analyzer.graph.accounting import RULES, account
+from analyzer.graph.mil import layer_from_name, read_program
 
 
 def _save(prog, path):

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from analyzer import figures, report
-from analyzer.bandwidth import WRITEUP_AB_IPHONE, crosscheck, fixed_assumption
+from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, crosscheck, fixed_assumption
+from analyzer.device.logs import BuildDeviceSummary
 from analyzer.fmt import MB, MIB
-from analyzer.logs import BuildDeviceSummary
-from analyzer.shipped import load_shipped, shipped_analyses
+from analyzer.report import figures, report
+from analyzer.report.catalog import load_shipped, shipped_analyses
 from tests.test_figures import TILE_BYTES, make_doc
 
 REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc\s*=\s*[\"']?\s*(?:https?:)?//", re.IGNORECASE)

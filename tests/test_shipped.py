@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analysis import load_program
-from analyzer.sources import DEFAULT_PRESET, load_config, resolve_source
+from analyzer.graph.record import load_program
+from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
 
 SHIPPED = Path(__file__).resolve().parent.parent / "analyzer" / "shipped"
 
@@ -55,7 +55,7 @@ def test_fp16_weights_equal_an_independent_parameter_count(shipped):
 
 
 def test_weight_bytes_are_traceable_to_their_ops(shipped):
-    from analyzer.accounting import account
+    from analyzer.graph.accounting import account
 
     program, doc = shipped["qfold"]
     ops = account(program).ops

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from analyzer.decode import build_model
 from analyzer.errors import SourceError
-from analyzer.sources import geometry_of, list_presets, load_config, preset_names, resolve_source
+from analyzer.model.decode import build_model
+from analyzer.model.sources import geometry_of, list_presets, load_config, preset_names, resolve_source
 
 REQUIRED_PRESETS = {"exaone-4.0-1.2b", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b-v0.3"}
 
@@ -88,7 +88,7 @@ def test_config_json_path_is_a_source(tmp_path):
 
 
 def _preset_path(name):
-    from analyzer.sources import _presets_dir
+    from analyzer.model.sources import _presets_dir
 
     return _presets_dir() / f"{name}.json"
 

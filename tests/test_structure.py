@@ -3,7 +3,7 @@ KV as state): same tiles and tile bytes as the full-size EXAONE 4.0 1.2B."""
 
 import pytest
 
-from analyzer.analysis import load_program
+from analyzer.graph.record import load_program
 
 pytestmark = pytest.mark.conversion
 

@@ -1,4 +1,4 @@
-"""The conversion child process: ``python -m analyzer.convert REQUEST.json BUILDS_DIR``.
+"""The conversion child process: ``python -m analyzer.build.convert REQUEST.json BUILDS_DIR``.
 
 Runs one build end to end (torch model → equivalence → trace → ct.convert → optional compression → save →
 MIL walk → analysis.json) in its own process, because a full-size conversion needs ~15 GB and ~2.5 min
@@ -19,8 +19,7 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from analyzer.builds import (
-    ANALYSIS_FILE,
+from analyzer.build.builds import (
     LOG_FILE,
     PACKAGE_NAME,
     PROGRESS_PREFIX,
@@ -28,9 +27,10 @@ from analyzer.builds import (
     clean_stale_tmp,
     is_complete,
     tool_versions,
-    write_json_atomic,
 )
 from analyzer.errors import BuildError, QfoldError
+from analyzer.fsio import write_json_atomic
+from analyzer.graph.record import ANALYSIS_FILE
 
 _T0 = time.monotonic()
 _LOG: list[str] = []
@@ -86,7 +86,7 @@ def convert_step(step, keep_duplicate_consts: bool = False):
     import coremltools as ct
     import torch
 
-    from analyzer.decode import example_inputs
+    from analyzer.model.decode import example_inputs
 
     with torch.no_grad():
         traced = torch.jit.trace(step, example_inputs(step), check_trace=False)
@@ -112,8 +112,8 @@ def _equivalence(spec: BuildSpec, model, cache_dir: Path | None) -> dict:
     of fp16 matmuls on the CPU), cached under ``builds/.equivalence/``."""
     import hashlib
 
-    from analyzer.analysis import equivalence_json
-    from analyzer.equivalence import check_equivalence
+    from analyzer.graph.record import equivalence_json
+    from analyzer.model.equivalence import check_equivalence
 
     fingerprint = {k: v for k, v in spec.fingerprint().items() if k not in ("variant", "compression")}
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
@@ -133,11 +133,11 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     """Do the work of one build into ``out_dir``; returns the analysis document."""
     import torch
 
-    from analyzer.analysis import program_document
-    from analyzer.compress import compression_report
-    from analyzer.decode import DecodeStep, build_model, untie_embeddings_
-    from analyzer.mil import read_program
-    from analyzer.sources import geometry_of, load_config
+    from analyzer.build.compress import compression_report
+    from analyzer.graph.mil import read_program
+    from analyzer.graph.record import program_document
+    from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
+    from analyzer.model.sources import geometry_of, load_config
 
     check_numpy()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -159,7 +159,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     plan = None
     untied = False
     if spec.compression:
-        from analyzer.compress import needs_untie, parse_spec
+        from analyzer.build.compress import needs_untie, parse_spec
 
         plan = parse_spec(spec.compression, geometry.num_layers)
         if needs_untie(plan) and untie_embeddings_(model):
@@ -170,7 +170,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     mlmodel = timed("convert_s", convert_step, step, keep_duplicate_consts=untied)
     del step, model
     if plan is not None:
-        from analyzer.compress import compress_model
+        from analyzer.build.compress import compress_model
 
         emit(0.75, "compress", f"compressing weights: {spec.compression}")
         mlmodel = timed("compress_s", compress_model, mlmodel, plan)
@@ -264,7 +264,7 @@ def run(request: Path, root: Path) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m analyzer.convert REQUEST.json BUILDS_DIR", file=sys.stderr)
+        print("usage: python -m analyzer.build.convert REQUEST.json BUILDS_DIR", file=sys.stderr)
         return 2
     from analyzer import quiet_coremltools
 

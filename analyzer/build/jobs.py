@@ -1,6 +1,6 @@
 """Conversions started from the dashboard, run in a background thread so no page waits for them.
 
-The conversion itself is a child process (``analyzer.builds.run_build``); this thread only reads its
+The conversion itself is a child process (``analyzer.build.builds.run_build``); this thread only reads its
 progress lines. A job belongs to the browser session that started it (kept in its session state); what
 every session can see — the machine-wide queue and the finished builds — lives on disk. No streamlit here.
 """
@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from analyzer.builds import BuildResult, BuildSpec, Progress, run_build
+from analyzer.build.builds import BuildResult, BuildSpec, Progress, run_build
 from analyzer.errors import QfoldError
 
 

@@ -21,11 +21,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer import figures
-from analyzer.accounting import CATEGORIES
-from analyzer.bandwidth import WRITEUP_AB_IPHONE, predicted_tok_per_s
-from analyzer.diff import diff_documents
+from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, predicted_tok_per_s
 from analyzer.fmt import MB, MIB
+from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.diff import diff_documents
+from analyzer.report import figures
 
 NO_RUNTIME_NOTE = (
     "No Core ML runtime on Linux: no predict, no compute plan. The figures are static MIL analysis "

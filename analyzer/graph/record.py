@@ -6,13 +6,16 @@ shipped default analysis (no ``.mlpackage``) is the same document, so every view
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from analyzer.mil import InputRef, MilProgram, OpRecord, TensorInfo, read_program
+from analyzer.errors import QfoldError
+from analyzer.graph.mil import InputRef, MilProgram, OpRecord, TensorInfo, read_program
 
 SCHEMA_VERSION = 1
+ANALYSIS_FILE = "analysis.json"
 
 
 def tile_rows(program: MilProgram) -> list[dict[str, Any]]:
@@ -90,7 +93,7 @@ def program_from_json(d: dict[str, Any]) -> MilProgram:
 
 def program_document(program: MilProgram) -> dict[str, Any]:
     """summary + program, the part of analysis.json that any .mlpackage yields."""
-    from analyzer.accounting import account
+    from analyzer.graph.accounting import account
 
     return {
         "schema_version": SCHEMA_VERSION,
@@ -102,8 +105,6 @@ def program_document(program: MilProgram) -> dict[str, Any]:
 
 def load_program(path: str | Path) -> tuple[MilProgram, dict[str, Any]]:
     """A build folder, an analysis.json, or any .mlpackage → (program, analysis document)."""
-    from analyzer.builds import ANALYSIS_FILE, load_analysis
-
     p = Path(path)
     if (p.is_dir() and (p / ANALYSIS_FILE).is_file()) or (p.is_file() and p.suffix == ".json"):
         doc = load_analysis(p)
@@ -119,16 +120,13 @@ def load_program(path: str | Path) -> tuple[MilProgram, dict[str, Any]]:
 def equivalence_json(report) -> dict[str, Any]:
     return asdict(report)
 
-
-def reanalyze_build(path: str | Path) -> dict[str, Any]:
-    """Walk a build's saved package again and rewrite its analysis.json (summary, bytes, program), keeping
-    spec, timings and equivalence: for builds made before the walker learned something new."""
-    from analyzer.builds import ANALYSIS_FILE, PACKAGE_NAME, load_analysis, write_json_atomic
-
-    build = Path(path)
-    doc = load_analysis(build)
-    fresh = program_document(read_program(build / PACKAGE_NAME))
-    fresh["program"]["path"] = PACKAGE_NAME
-    doc.update(fresh)
-    write_json_atomic(build / ANALYSIS_FILE, doc, compact=True)
-    return doc
+def load_analysis(path: str | Path) -> dict[str, Any]:
+    """The ``analysis.json`` of a build folder (or the file itself)."""
+    p = Path(path)
+    f = p / ANALYSIS_FILE if p.is_dir() else p
+    if not f.is_file():
+        raise QfoldError(f"{p}: no {ANALYSIS_FILE} (not a finished qfold build)")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise QfoldError(f"{f}: not valid JSON ({e.msg} at line {e.lineno})") from e

@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # torch is imported where it is used, so listing the variants
     import torch
 
 VARIANTS: dict[str, type[AttentionVariant]] = {}
+# Where the KV cache lives in the converted step: a Core ML state, or read-only model inputs.
+KV_MODES: tuple[str, ...] = ("state", "input")
 
 
 def register_variant(cls: type[AttentionVariant]) -> type[AttentionVariant]:

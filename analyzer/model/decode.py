@@ -27,10 +27,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from analyzer.builds import KV_MODES
 from analyzer.errors import SourceError
-from analyzer.sources import AttentionGeometry, ModelSource, geometry_of, load_config
-from analyzer.variants import VARIANTS, get_variant
+from analyzer.model.sources import AttentionGeometry, ModelSource, geometry_of, load_config
+from analyzer.model.variants import KV_MODES, VARIANTS, get_variant
 
 # Masked slots get a large negative fp16-safe value (fp16 max is 65504; -inf would turn 0·inf into NaN).
 MASK_VALUE = -30000.0

@@ -4,7 +4,7 @@ First open must not wait for a 2.5-minute, 15 GB conversion, so the default pres
 analyses ship with the code as JSON (the same document as a build's ``analysis.json``: op records,
 counts, tiles, bytes; no weights, no ``.mlpackage``) in ``analyzer/shipped/``, named
 ``<preset>-<variant>-<kv mode>-ctx<N>[-<compression preset>].analysis.json``. Everything else a user
-can pick is a cached build (``analyzer.builds.list_builds``) or a ``.mlpackage`` made by another tool,
+can pick is a cached build (``analyzer.build.builds.list_builds``) or a ``.mlpackage`` made by another tool,
 walked on request.
 
 An :class:`AnalysisRef` names one of them with a stable id (``shipped:<file stem>``, ``build:<key>``,
@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from analyzer.builds import KV_MODES, PACKAGE_NAME, builds_dir, list_builds, load_analysis
+from analyzer.build.builds import PACKAGE_NAME, builds_dir, list_builds
 from analyzer.errors import QfoldError
-from analyzer.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES
+from analyzer.graph.record import load_analysis
+from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES
+from analyzer.model.variants import KV_MODES
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "shipped"
 SHIPPED_SUFFIX = ".analysis.json"
 DEFAULT_KV_MODE = "state"
 DEFAULT_CTX = 4096
@@ -41,7 +43,7 @@ class ShippedAnalysis:
     kv_mode: str
     ctx: int
     path: Path
-    compression: str | None = None  # a compression preset name (analyzer.compress.PRESETS), None = fp16
+    compression: str | None = None  # a compression preset name (analyzer.build.compress.PRESETS), None = fp16
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +65,7 @@ class AnalysisRef:
 
 
 def _variant_names() -> tuple[str, ...]:
-    from analyzer.variants import VARIANTS
+    from analyzer.model.variants import VARIANTS
 
     return tuple(sorted(VARIANTS, key=len, reverse=True))  # longest first: no name is a prefix of another's match
 
@@ -76,7 +78,7 @@ def _name_pattern() -> re.Pattern[str]:
 
 
 def _compression_names() -> str:
-    from analyzer.compress import PRESETS
+    from analyzer.build.compress import PRESETS
 
     return "|".join(re.escape(n) for n in PRESETS)
 

@@ -32,8 +32,8 @@ from typing import Literal
 
 import numpy as np
 
+from analyzer.device.logs import BuildDeviceSummary
 from analyzer.fmt import MB
-from analyzer.logs import BuildDeviceSummary
 
 FitModel = Literal["single-point", "bandwidth", "bandwidth+overhead"]
 Weighting = Literal["build", "runs"]

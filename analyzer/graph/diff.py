@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.accounting import CATEGORIES
+from analyzer.graph.accounting import CATEGORIES
 
 
 def diff_documents(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

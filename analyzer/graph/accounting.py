@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from analyzer.mil import VIEW_OPS, InputRef, MilProgram, OpRecord
+from analyzer.graph.mil import VIEW_OPS, InputRef, MilProgram, OpRecord
 
 CATEGORIES: tuple[str, ...] = ("weights", "kv_read", "kv_write", "replication", "activations")
 # Columns of the per-op byte table (``ByteAccount.op_rows``), as the CLI and the exports write it.

@@ -92,7 +92,7 @@ class ModelSource:
 
 
 def _presets_dir() -> Path:
-    return Path(str(resources.files("analyzer") / "presets"))
+    return Path(str(resources.files("analyzer.model") / "presets"))
 
 
 def list_presets() -> list[PresetInfo]:

@@ -1,6 +1,6 @@
 """``python -m analyzer fit``: device logs + graph bytes → cross-check and bandwidth fits, headless.
 
-A thin shell over ``analyzer.logs`` and ``analyzer.bandwidth`` so scripts and CI get the same
+A thin shell over ``analyzer.device.logs`` and ``analyzer.device.bandwidth`` so scripts and CI get the same
 numbers as the dashboard. Exit codes: 0 done (row-level issues, if any, are listed), 1 a log was
 rejected whole or no row was accepted, 2 a bad argument. Errors go to stderr as one line each,
 never as a traceback.
@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from analyzer.bandwidth import (
+from analyzer.device.bandwidth import (
     BandwidthAssumption,
     BandwidthFit,
     CrossCheckReport,
@@ -29,8 +29,7 @@ from analyzer.bandwidth import (
     crosscheck,
     fit_devices,
 )
-from analyzer.fmt import MB, table
-from analyzer.logs import (
+from analyzer.device.logs import (
     BuildDeviceSummary,
     LogImport,
     LogLimits,
@@ -39,6 +38,7 @@ from analyzer.logs import (
     parse_logs,
     summarize,
 )
+from analyzer.fmt import MB, table
 
 PROG = "qfold fit"
 
@@ -57,7 +57,7 @@ def _bw_arg(text: str) -> float:
     return value
 
 
-def add_fit_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     """Register ``fit`` on the main CLI's subparsers; sets ``func=run_fit`` as the handler."""
     parser = subparsers.add_parser(
         "fit",
@@ -89,7 +89,7 @@ def add_fit_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
 
 
 def _graph_bytes(specs: Sequence[str]) -> dict[str, int]:
-    """``LABEL=INT`` or ``LABEL=PATH`` → label → bytes/token (paths via analyzer.builds)."""
+    """``LABEL=INT`` or ``LABEL=PATH`` → label → bytes/token (paths via analyzer.build.builds)."""
     graph: dict[str, int] = {}
     for spec in specs:
         label, sep, value = spec.partition("=")
@@ -112,10 +112,10 @@ def _graph_bytes(specs: Sequence[str]) -> dict[str, int]:
 
 def _load_build_bytes(spec: str, path: str) -> int:
     try:
-        # Lazy: analyzer.builds pulls in the conversion stack, needed only for build paths.
-        from analyzer.builds import load_bytes_per_token  # type: ignore[attr-defined]
+        # Lazy: analyzer.build.builds pulls in the conversion stack, needed only for build paths.
+        from analyzer.build.builds import load_bytes_per_token  # type: ignore[attr-defined]
     except ImportError as e:
-        raise _ArgumentError(f"--build {spec!r}: build paths need analyzer.builds.load_bytes_per_token, "
+        raise _ArgumentError(f"--build {spec!r}: build paths need analyzer.build.builds.load_bytes_per_token, "
                                f"which is not available ({e}); pass LABEL=BYTES_PER_TOKEN instead") from e
     try:
         value = load_bytes_per_token(path)
@@ -293,11 +293,3 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
             print(issue.describe(), file=err)
         _print_text(imported, bandwidth, fits, report, fixed_bw=args.bw is not None, out=out)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry for tests and scripts: ``fit`` as the only sub-command."""
-    parser = argparse.ArgumentParser(prog="qfold")
-    add_fit_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))

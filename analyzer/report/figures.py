@@ -16,9 +16,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analyzer.accounting import CATEGORIES
-from analyzer.bandwidth import DEFAULT_MAX_RESIDUAL_PCT
+from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT
 from analyzer.fmt import MB, MIB
+from analyzer.graph.accounting import CATEGORIES
 
 COLOR_A = "#4C78A8"
 COLOR_B = "#F58518"
@@ -175,7 +175,7 @@ def layer_figure(frame: pd.DataFrame) -> go.Figure:
 # ------------------------------------------------------------------------------------------------- ops
 def op_frame(op_rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """``accounting.ByteAccount.op_rows()`` as a frame (layer nullable)."""
-    from analyzer.accounting import OP_COLUMNS
+    from analyzer.graph.accounting import OP_COLUMNS
 
     frame = pd.DataFrame(list(op_rows), columns=list(OP_COLUMNS))
     frame["layer"] = frame["layer"].astype("Int64")
@@ -239,7 +239,7 @@ BANDWIDTH_COLUMNS = ("build", "device", "n", "measured_tok_per_s", "graph_bytes_
 
 
 def bandwidth_frame(report: Any) -> pd.DataFrame:
-    """One row per (build, device) of an ``analyzer.bandwidth.CrossCheckReport``."""
+    """One row per (build, device) of an ``analyzer.device.bandwidth.CrossCheckReport``."""
     rows = [{c: getattr(r, c) for c in BANDWIDTH_COLUMNS} for r in report.builds]
     frame = pd.DataFrame(rows, columns=list(BANDWIDTH_COLUMNS))
     for c in ("graph_bytes_per_token", "inferred_bytes_per_token", "gap_bytes"):

@@ -1,7 +1,7 @@
 """Builds: one folder per content-hashed key under ``builds/``, made by a child process, reused when present.
 
 A build folder holds ``model.mlpackage``, ``analysis.json`` and ``build.log``. The child
-(``python -m analyzer.convert``) writes into ``builds/.tmp-<key>-<pid>/`` and renames it into place only
+(``python -m analyzer.build.convert``) writes into ``builds/.tmp-<key>-<pid>/`` and renames it into place only
 when everything is written, so an interrupted build never leaves a folder that looks finished. Shared
 state lives on disk with file locks (several Streamlit sessions and CLIs may build at once): one lock per
 key (two requests for the same build wait for one conversion) and one machine-wide conversion lock
@@ -23,23 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.errors import BuildError, QfoldError
-from analyzer.sources import ModelSource
+from analyzer.fsio import write_json_atomic
+from analyzer.graph.record import ANALYSIS_FILE, load_analysis
+from analyzer.model.sources import ModelSource
+from analyzer.model.variants import KV_MODES
 
-KV_MODES: tuple[str, ...] = ("state", "input")  # KV cache as Core ML state, or as read-only inputs
-ANALYSIS_FILE = "analysis.json"
 PACKAGE_NAME = "model.mlpackage"
 LOG_FILE = "build.log"
 PROGRESS_PREFIX = "@@qfold "  # child → parent protocol: one JSON object per line after this prefix
 DEFAULT_EQUIVALENCE_STEPS = 8
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
-
-def write_json_atomic(path: Path, obj: Any, compact: bool = False) -> None:
-    """Write JSON beside ``path`` and rename it into place, so readers in other processes never see a
-    half-written file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, separators=(",", ":")) if compact else json.dumps(obj))
-    os.replace(tmp, path)
 
 
 def builds_dir(path: str | Path | None = None) -> Path:
@@ -64,11 +58,11 @@ class BuildSpec:
     variant: str
     kv_mode: str = "state"
     ctx: int = 4096
-    compression: str | None = None  # canonical compression spec text (analyzer.compress), None = fp16
+    compression: str | None = None  # canonical compression spec text (analyzer.build.compress), None = fp16
     equivalence_steps: int = DEFAULT_EQUIVALENCE_STEPS
 
     def __post_init__(self) -> None:
-        from analyzer.variants import get_variant
+        from analyzer.model.variants import get_variant
 
         get_variant(self.variant)
         if self.kv_mode not in KV_MODES:
@@ -114,7 +108,7 @@ class BuildSpec:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> BuildSpec:
-        from analyzer.sources import source_from_fingerprint
+        from analyzer.model.sources import source_from_fingerprint
 
         s = d["source"]
         source = source_from_fingerprint(s["kind"], s["ref"], s["label"], s["fingerprint"], s["overrides"])
@@ -123,7 +117,7 @@ class BuildSpec:
 
 def _compression_label(canonical: str, num_layers: int) -> str:
     """The preset's name when the spec is one (``top8``), else ``custom``; the hash tells customs apart."""
-    from analyzer.compress import PRESETS, canonical_spec
+    from analyzer.build.compress import PRESETS, canonical_spec
 
     for name in PRESETS:
         if canonical_spec(name, num_layers) == canonical:
@@ -189,7 +183,7 @@ def run_build(spec: BuildSpec, root: str | Path | None = None,
     request = root / ".logs" / f"{spec.key}.request.json"
     request.write_text(json.dumps(spec.to_json(), indent=1))
     log_path = root / ".logs" / f"{spec.key}.log"
-    cmd = [sys.executable, "-m", "analyzer.convert", str(request), str(root)]
+    cmd = [sys.executable, "-m", "analyzer.build.convert", str(request), str(root)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -226,17 +220,6 @@ def _last_line(path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- reading
-def load_analysis(path: str | Path) -> dict[str, Any]:
-    """The ``analysis.json`` of a build folder (or the file itself)."""
-    p = Path(path)
-    f = p / ANALYSIS_FILE if p.is_dir() else p
-    if not f.is_file():
-        raise QfoldError(f"{p}: no {ANALYSIS_FILE} (not a finished qfold build)")
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise QfoldError(f"{f}: not valid JSON ({e.msg} at line {e.lineno})") from e
-
 
 def list_builds(root: str | Path | None = None) -> list[dict[str, Any]]:
     """Finished builds, newest first: key, path and the analysis headline."""
@@ -269,6 +252,20 @@ def queue(root: str | Path | None = None) -> list[dict[str, Any]]:
 
 def load_bytes_per_token(path: str | Path) -> int:
     """Total logical bytes per decode token of a build folder, an analysis.json or any .mlpackage."""
-    from analyzer.analysis import load_program
+    from analyzer.graph.record import load_program
 
     return int(load_program(path)[1]["bytes"]["bytes_per_token"]["total"])
+
+def reanalyze_build(path: str | Path) -> dict[str, Any]:
+    """Walk a build's saved package again and rewrite its analysis.json (summary, bytes, program), keeping
+    spec, timings and equivalence: for builds made before the walker learned something new."""
+    from analyzer.graph.mil import read_program
+    from analyzer.graph.record import program_document
+
+    build = Path(path)
+    doc = load_analysis(build)
+    fresh = program_document(read_program(build / PACKAGE_NAME))
+    fresh["program"]["path"] = PACKAGE_NAME
+    doc.update(fresh)
+    write_json_atomic(build / ANALYSIS_FILE, doc, compact=True)
+    return doc

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from analyzer.decode import DecodeStep, run_decode
 from analyzer.errors import SourceError
-from analyzer.variants import VARIANTS
+from analyzer.model.decode import DecodeStep, run_decode
+from analyzer.model.variants import VARIANTS
 
 # The fp32 reference check fails above this |Δ| relative to the largest |logit|: fp32 reorderings give
 # ~1e-6 here, a wrong head pairing gives O(1).
