@@ -171,13 +171,19 @@ def clean_stale_tmp(root: Path) -> list[Path]:
 
 def run_build(spec: BuildSpec, root: str | Path | None = None,
               on_progress: Callable[[Progress], None] | None = None,
-              timeout_s: float | None = None) -> BuildResult:
-    """Return the build for ``spec``, converting it in a child process unless it already exists."""
+              timeout_s: float | None = None, force_ctx: bool = False) -> BuildResult:
+    """Return the build for ``spec``, converting it in a child process unless it already exists. A request
+    that cannot work (absurd sizes, more memory than the limit, ctx past the model's positions unless
+    ``force_ctx``) is refused here, before the child starts."""
+    from analyzer.model.cost import check_request
+    from analyzer.model.sources import load_config
+
     t0 = time.monotonic()
     root = builds_dir(root)
     final = root / spec.key
     if is_complete(final):
         return BuildResult(spec.key, final, True, 0.0)
+    check_request(load_config(spec.source), spec.ctx, force_ctx=force_ctx)
     root.mkdir(parents=True, exist_ok=True)
     (root / ".logs").mkdir(exist_ok=True)
     request = root / ".logs" / f"{spec.key}.request.json"

@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
                    help="weight compression: a preset (base, top8, top12) or a spec; see `compression --help`")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (no safetensors)")
     p.add_argument("--steps", type=positive_int, default=8, help="decode steps of the equivalence check")
+    p.add_argument("--force-ctx", action="store_true",
+                   help="build even when --ctx exceeds the model's max_position_embeddings")
     p.add_argument("--builds-dir", help="where builds live (default: $QFOLD_BUILDS or ./builds)")
     p.set_defaults(func=cmd_build)
 
@@ -51,7 +53,7 @@ def cmd_build(args) -> int:
     def progress(p) -> None:
         print(f"[{p.fraction * 100:3.0f}%] {p.stage}: {p.message}", file=sys.stderr, flush=True)
 
-    result = run_build(spec, args.builds_dir, on_progress=progress)
+    result = run_build(spec, args.builds_dir, on_progress=progress, force_ctx=args.force_ctx)
     print(f"{'reused' if result.reused else 'built'} {result.key} in {result.seconds:.1f} s", file=sys.stderr)
     print(result.path)
     return 0

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from analyzer.errors import SourceError
+from analyzer.model.families import check_family
 
 DEFAULT_PRESET = "exaone-4.0-1.2b"
 
@@ -108,6 +109,45 @@ def preset_names() -> list[str]:
     return [p.name for p in list_presets()]
 
 
+# A Hugging Face config.json is a few KB (the presets' are < 2 KB); anything over this is not a config.
+MAX_CONFIG_BYTES = 1 << 20
+# Configs nest a few levels (rope_scaling, quantization_config, text_config); deeper is not a config.
+MAX_CONFIG_DEPTH = 32
+
+
+class _NonFinite:
+    """Stands in for a NaN/Infinity literal while parsing, so the refusal can name where it was."""
+
+    def __init__(self, literal: str):
+        self.literal = literal
+
+
+def _check_structure(value: Any, where: str) -> None:
+    """Refuse NaN/Infinity (naming the field) and nesting deeper than MAX_CONFIG_DEPTH."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        v, path, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise SourceError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels; not a model config")
+        if isinstance(v, _NonFinite):
+            field = f"field {path}" if path else "the value"
+            raise SourceError(f"{where}: {field} is {v.literal}; a config holds finite numbers only")
+        if isinstance(v, dict):
+            stack.extend((x, f"{path}.{k}" if path else str(k), depth + 1) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
+
+
+def _loads(text: str, where: str) -> Any:
+    """Strict JSON: NaN/Infinity refused, depth bounded (a RecursionError is a refusal, not a crash)."""
+    try:
+        value = json.loads(text, parse_constant=_NonFinite)
+    except RecursionError:
+        raise SourceError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels; not a model config") from None
+    _check_structure(value, where)
+    return value
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``KEY=VALUE``; VALUE is read as JSON when it parses (``8``, ``1e-6``, ``null``, ``[..]``), else text."""
     key, sep, value = text.partition("=")
@@ -115,7 +155,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise SourceError(f"--set {text!r}: expected KEY=VALUE, e.g. --set num_key_value_heads=4")
     try:
-        return key, json.loads(value)
+        return key, _loads(value, f"--set {key}")
     except json.JSONDecodeError:
         return key, value
 
@@ -130,7 +170,10 @@ def _sha256_file(path: Path) -> str:
 
 def _read_config_file(path: Path) -> dict[str, Any]:
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise SourceError(f"{path}: {size:,} bytes; a config.json is at most {MAX_CONFIG_BYTES:,} bytes")
+        raw = _loads(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError) as e:
         raise SourceError(f"{path}: cannot read config: {e}") from e
     except json.JSONDecodeError as e:
@@ -193,7 +236,9 @@ def _apply_overrides(raw: dict[str, Any], overrides: tuple[str, ...], origin: st
 
 
 def _safe_label(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "model"
+    """A build-folder-safe name: ASCII letters, digits, ``.``, ``_``, ``-``; never starting with ``.`` (the
+    builds folder keeps its own state in dot-folders) or ``-``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-").rstrip("-")[:40] or "model"
 
 
 def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed: int = 0) -> ModelSource:
@@ -231,6 +276,9 @@ def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed
     raw.pop(_PRIVATE_KEY, None)
     if "model_type" not in raw:
         raise SourceError(f"--model {model}: config has no 'model_type' field")
+    config_class(raw["model_type"])  # a transformers architecture at all (with a did-you-mean)
+    _refuse_mla(raw.get("kv_lora_rank"))
+    check_family(raw["model_type"])
     raw = _apply_overrides(raw, overrides, f"--model {model}")
     for field in _POSITIVE_FIELDS:
         value = raw.get(field)
@@ -269,13 +317,17 @@ def _positive_int(config, field: str) -> int:
     return value
 
 
-def geometry_of(config) -> AttentionGeometry:
-    """Read and check the attention geometry; the errors name the field and its value."""
-    if getattr(config, "kv_lora_rank", None):
+def _refuse_mla(kv_lora_rank: Any) -> None:
+    if kv_lora_rank:
         raise SourceError(
-            f"kv_lora_rank={config.kv_lora_rank}: multi-head latent attention (MLA) caches a latent, not "
+            f"kv_lora_rank={kv_lora_rank}: multi-head latent attention (MLA) caches a latent, not "
             "per-head K/V; qfold's variants do not apply"
         )
+
+
+def geometry_of(config) -> AttentionGeometry:
+    """Read and check the attention geometry; the errors name the field and its value."""
+    _refuse_mla(getattr(config, "kv_lora_rank", None))
     nq = _positive_int(config, "num_attention_heads")
     nkv = getattr(config, "num_key_value_heads", None)
     nkv = nq if nkv is None else nkv  # families without the field are multi-head attention
