@@ -1,12 +1,16 @@
 """qfold dashboard: see the KV copies GQA ``repeat_kv`` puts into a Core ML decode graph, and the Q-fold that
 removes them. Run ``streamlit run app.py``; the pages live in ``app_pages/``, the logic in ``analyzer/``."""
 
+from pathlib import Path
+
 import streamlit as st
 
 import analyzer
 from app_pages import shared
 
-st.set_page_config(page_title="qfold", layout="wide")  # no page_icon: a material icon favicon is fetched online
+# A local favicon: without one, Streamlit fetches the active page's material icon from fonts.gstatic.com.
+st.set_page_config(page_title="qfold", page_icon=str(Path(__file__).parent / "app_pages" / "static" / "favicon.png"),
+                   layout="wide")
 
 pages = [
     st.Page("app_pages/ab.py", title="A/B", icon=":material/compare_arrows:", default=True),
