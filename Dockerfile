@@ -7,7 +7,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    QFOLD_BUILDS=/app/builds
+    QFOLD_BUILDS=/app/builds \
+    QFOLD_DATA_ROOTS=/data
 
 WORKDIR /app
 
@@ -24,6 +25,8 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin qfold \
     && chown qfold:qfold /app/builds
 USER qfold
 VOLUME /app/builds
+# Model folders and packages the dashboard may read: mount them here (read-only is enough).
+VOLUME /data
 
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \

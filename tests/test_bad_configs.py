@@ -155,3 +155,20 @@ def test_build_labels_never_start_with_a_dot(tmp_path):
     (folder / "config.json").write_text((CORPUS / "../../../analyzer/model/presets/llama-3.2-1b.json").read_text())
     src = resolve_source(str(folder))
     assert src.label == "tmp-x-1"
+
+
+def test_typed_paths_stay_under_the_data_roots(tmp_path, monkeypatch):
+    from analyzer.errors import QfoldError
+    from analyzer.fsio import path_under_roots
+
+    root = tmp_path / "data"
+    (root / "model").mkdir(parents=True)
+    outside = tmp_path / "secret"
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    monkeypatch.setenv("QFOLD_DATA_ROOTS", str(root))
+    assert path_under_roots(str(root / "model")) == (root / "model").resolve()
+    assert path_under_roots(str(root / "missing")) == (root / "missing").resolve()  # existence is checked later
+    for bad in (str(outside), str(root / ".." / "secret"), str(root / "link"), "/etc/passwd", "~"):
+        with pytest.raises(QfoldError, match=r"outside the folders this server may read \(QFOLD_DATA_ROOTS: "):
+            path_under_roots(bad)
