@@ -23,7 +23,7 @@ from analyzer.errors import SourceError
 
 DEFAULT_PRESET = "exaone-4.0-1.2b"
 
-# Overrides that keep the attention geometry but make a full-depth build cheap (design.md, "structure"
+# Overrides that keep the attention geometry but make a full-depth build cheap (docs/measurements.md, "structure"
 # config: same tiles and tile bytes in ~50 s and ~1 GB instead of ~2.5 min and ~15 GB).
 STRUCTURE_OVERRIDES = ("hidden_size=256", "intermediate_size=512", "vocab_size=1000")
 

@@ -171,7 +171,7 @@ def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str =
 # ------------------------------------------------------------------------------------------------- packages
 MAX_DOWNLOAD_PACKAGE_BYTES = 200 * 1_000_000
 """Packages up to this size may be zipped and served through the browser; a download is held in server memory
-per session (design.md: a full-size package is ~2.5 GB, never push it that way)."""
+per session (a full-size package is ~2.5 GB: bench/results/full_size.json; never push it that way)."""
 
 
 def package_size_bytes(path: Path) -> int:
