@@ -23,7 +23,7 @@ def cmd_builds(args) -> int:
             "builds": [{"key": a.build.key, "path": str(build_folder(a)), "created": a.build.created,
                         "spec": a.build.spec.to_json(), "summary": a.summary.to_json()} for a in builds if a.build],
             "queue": [e.to_json() for e in q],
-        }))
+        }, allow_nan=False))
         return 0
     print(fmt.table([(a.build.key, a.summary.tile_count, a.build.created) for a in builds if a.build],
                     ("build", "tiles", "created")))

@@ -62,7 +62,7 @@ def cmd_diff(args) -> int:
             out["functions"] = [{"function": a.function, **diff_json(diff_analyses(a, b))} for a, b in pairs]
             out["functions_only_in"] = {"a": [n for n in names_a if n not in common],
                                         "b": [n for n in names_b if n not in common]}
-        print(json.dumps(out))
+        print(json.dumps(out, allow_nan=False))
         return 0
     if not several:
         print_diff(top)

@@ -95,7 +95,7 @@ def cmd_inspect(args) -> int:
         sys.stdout.write(fmt.to_csv(rows, ("function", *OP_COLUMNS) if several else OP_COLUMNS))
         return 0
     if args.json:
-        print(json.dumps(inspect_document(args.path, analyses, args.ops)))
+        print(json.dumps(inspect_document(args.path, analyses, args.ops), allow_nan=False))
         return 0
     if len(analyses) > 1:
         print(f"{args.path}: {len(analyses)} functions ({', '.join(a.function for a in analyses)}); "
