@@ -54,7 +54,8 @@ class ByteContext:
         return self.origin.get(ref.producer, "act")
 
     def weight_bytes(self, ref: InputRef, seen: frozenset[int] = frozenset()) -> int:
-        """Stored bytes of the constant data behind an input (0 for attributes, scalars, zero consts)."""
+        """Bytes of the constant data behind an input, as the weight charge counts them: as stored, or for a
+        compressed weight with ``decompressed`` the dense tensor; 0 for attributes, scalars and zero consts."""
         if ref.param in ATTRIBUTE_PARAMS:
             return 0
         if ref.producer is None:  # an inline value

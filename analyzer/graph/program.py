@@ -74,7 +74,7 @@ class OpRecord:
 
     @property
     def output_bytes(self) -> int:
-        """Bytes of the outputs that have a size (see ``unsized_outputs`` for the others)."""
+        """Bytes of the outputs that have a size (the byte account lists the others as unsized)."""
         return sum(t.nbytes or 0 for t in self.outputs)
 
 
