@@ -15,3 +15,7 @@ class BuildError(QfoldError):
 
 class MilError(QfoldError):
     """A file is not a readable ML Program .mlpackage."""
+
+
+class AnalysisFileError(QfoldError):
+    """A stored analysis that cannot be read: not JSON, another schema version, a missing or mistyped field."""

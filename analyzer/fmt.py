@@ -6,21 +6,56 @@ import csv
 import io
 from collections.abc import Iterable, Sequence
 
-MIB = 1 << 20
-MB = 1_000_000
+MIB = 1 << 20  # MiB = 2^20 bytes
+MB = 1_000_000  # MB = 10^6 bytes (the write-up's unit for bandwidth and bytes per token)
+UNITS: dict[str, int] = {"B": 1, "KiB": 1 << 10, "MiB": MIB, "GiB": 1 << 30, "kB": 1_000, "MB": MB, "GB": 10**9}
 
 
-def mib(n_bytes: int | float) -> str:
-    return f"{n_bytes / MIB:,.1f} MiB"
+def size(n_bytes: int | float, unit: str = "MiB", digits: int = 1, *, sign: bool = False,
+         suffix: bool = True) -> str:
+    """The one size formatter: ``size(16_777_216)`` → ``16.0 MiB``; ``sign`` adds ``+``/``-``; ``suffix``
+    False leaves the unit off (for ``a → b MiB`` pairs)."""
+    if unit not in UNITS:
+        raise ValueError(f"unit {unit!r}: choose one of {', '.join(UNITS)}")
+    text = f"{n_bytes / UNITS[unit]:{'+' if sign else ''},.{digits}f}"
+    return f"{text} {unit}" if suffix else text
 
 
-def mb(n_bytes: int | float) -> str:
-    return f"{n_bytes / MB:,.1f} MB"
+def mib(n_bytes: int | float, digits: int = 1, **kwargs) -> str:
+    return size(n_bytes, "MiB", digits, **kwargs)
+
+
+def mb(n_bytes: int | float, digits: int = 1, **kwargs) -> str:
+    return size(n_bytes, "MB", digits, **kwargs)
+
+
+def change(a: int | float, b: int | float, unit: str = "MiB", digits: int = 0) -> str:
+    """``960 → 0 MiB``."""
+    return f"{size(a, unit, digits, suffix=False)} → {size(b, unit, digits)}"
+
+
+def bandwidth(bytes_per_s: float, digits: int = 0) -> str:
+    """``55,900 MB/s`` (MB = 10^6 bytes)."""
+    return f"{size(bytes_per_s, 'MB', digits, suffix=False)} MB/s"
 
 
 def bytes_both(n_bytes: int) -> str:
     """``16.0 MiB (16,777,216 B)``: the readable figure and the exact count it came from."""
     return f"{mib(n_bytes)} ({n_bytes:,} B)"
+
+
+def layer_ranges(layers: Iterable[int]) -> str:
+    """{0, 1, 2, 3, 26, 27} → ``0-3,26-27``."""
+    xs = sorted(set(layers))
+    runs: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        runs.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(runs)
 
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:

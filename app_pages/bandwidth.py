@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import streamlit as st
 
+from analyzer import fmt
 from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT, WRITEUP_AB_IPHONE
 from analyzer.errors import QfoldError
-from analyzer.fmt import MB, MIB
-from analyzer.report import figures
+from analyzer.fmt import MB
+from analyzer.report import bandwidth_figures as figures
+from analyzer.report.assumptions import assumption_notes
 from app_pages import shared
 
 st.title("Bandwidth model")
@@ -26,10 +28,11 @@ by_id = shared.refs_by_id(refs)
 labels = list(dict.fromkeys(m.build for m in imported.measurements))
 mapping = shared.log_mapping(labels, refs)
 try:
-    graph = shared.graph_bytes(mapping, refs)
+    analyses = shared.mapped_analyses(mapping, refs)
 except QfoldError as e:
     st.error(f"Cannot load a mapped analysis: {e}")
     st.stop()
+graph = {label: a.bytes_per_token.total for label, a in analyses.items()}
 mapped_to = sorted({by_id[i].label for i in mapping.values() if i in by_id})
 source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)" if shared.using_example_log()
           else "this session's uploaded logs")
@@ -46,33 +49,40 @@ with c2:
                                       max_value=200_000.0, step=100.0, format="%.0f", help=WRITEUP_AB_IPHONE.source)
 overhead = c3.toggle("Fit a fixed per-token time too", key="bw_overhead",
                      help="t = bytes / BW + t0; needs ≥ 3 builds with distinct bytes on a device to be testable.")
-fits, assumptions, report = shared.bandwidth_analysis(
+result = shared.bandwidth_analysis(
     imported, graph, fixed_bw_bytes_per_s=bw_mb_s * MB if mode == "fixed" else None, overhead=overhead)
+fits, assumptions, report = result.fits, result.bandwidth, result.crosscheck
 frame = figures.bandwidth_frame(report)
 pairs = figures.pairs_frame(report)
 
 # ---------------------------------------------------------------------------------------------- A/B cross-check
+def mb_per_token(n_bytes: int | None) -> str:
+    return "—" if n_bytes is None else fmt.mb(n_bytes, suffix=False)
+
+
 for p in report.pairs:
     st.subheader(f"A/B cross-check on {p.device}")
     st.markdown(f"A = `{p.build_a}` ({p.tok_per_s_a:.2f} tok/s), B = `{p.build_b}` ({p.tok_per_s_b:.2f} tok/s); "
-                f"BW {p.bw_bytes_per_s / MB:,.0f} MB/s")
+                f"BW {fmt.bandwidth(p.bw_bytes_per_s)}")
     k1, k2, k3, k4 = st.columns(4, border=True)
-    ia, ib = p.inferred_bytes_per_token_a, p.inferred_bytes_per_token_b
-    k1.metric("A inferred, MB/token", "—" if ia is None else f"{ia / MB:,.1f}",
-              help=f"{p.bw_bytes_per_s / MB:,.0f} MB/s ÷ {p.tok_per_s_a:.2f} tok/s")
-    k2.metric("B inferred, MB/token", "—" if ib is None else f"{ib / MB:,.1f}",
-              help=f"{p.bw_bytes_per_s / MB:,.0f} MB/s ÷ {p.tok_per_s_b:.2f} tok/s")
-    k3.metric("inferred difference, MB/token", f"{p.inferred_diff_bytes / MB:,.1f}",
+    k1.metric("A inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_a),
+              help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_a:.2f} tok/s")
+    k2.metric("B inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_b),
+              help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_b:.2f} tok/s")
+    k3.metric("inferred difference, MB/token", mb_per_token(p.inferred_diff_bytes),
               help="BW × (1/tok_A − 1/tok_B); a per-token overhead cancels out")
     if p.graph_diff_bytes is not None:
-        k4.metric("graph difference, MB/token", f"{p.graph_diff_bytes / MB:,.1f}",
+        k4.metric("graph difference, MB/token", mb_per_token(p.graph_diff_bytes),
                   delta=None if p.gap_pct is None else f"inferred is {p.gap_pct:+.1f}%", delta_color="off",
-                  help=f"= {p.graph_diff_bytes / MIB:,.0f} MiB")
+                  help=f"= {fmt.mib(p.graph_diff_bytes, 0)}")
     st.markdown(f"Measured speedup {p.tok_per_s_a:.2f} → {p.tok_per_s_b:.2f} tok/s = **{p.speedup:.2f}×**. "
-                f"At {p.bw_bytes_per_s / MB:,.0f} MB/s the measurements imply the heavier build moves "
-                f"**{p.inferred_diff_bytes / MB:,.0f} MB** more per token; the graphs say "
-                f"**{(p.graph_diff_bytes or 0) / MB:,.0f} MB** ({abs(p.gap_pct or 0):.0f}% "
+                f"At {fmt.bandwidth(p.bw_bytes_per_s)} the measurements imply the heavier build moves "
+                f"**{fmt.mb(p.inferred_diff_bytes, 0)}** more per token; the graphs say "
+                f"**{fmt.mb(p.graph_diff_bytes or 0, 0)}** ({abs(p.gap_pct or 0):.0f}% "
                 f"{'less' if (p.gap_pct or 0) < 0 else 'more'} inferred than counted).")
+    for build in (p.build_a, p.build_b):
+        for note in assumption_notes(analyses[build]) if build in analyses else ():
+            st.caption(f"Assumed for `{build}`'s graph bytes — {note}")
 
 # ---------------------------------------------------------------------------------------------- chart
 st.subheader("Measured vs graph")
@@ -86,7 +96,7 @@ if report.unmapped_builds:
 uses: dict[str, list[str]] = {}
 for device, a in assumptions.items():
     extra = f" + {a.overhead_s * 1e3:.2f} ms/token" if a.overhead_s else ""
-    uses.setdefault(f"{a.bytes_per_s / MB:,.0f} MB/s{extra} ({a.source})", []).append(device)
+    uses.setdefault(f"{fmt.bandwidth(a.bytes_per_s)}{extra} ({a.source})", []).append(device)
 for what, devices in uses.items():
     st.caption(f"Predictions for {', '.join(devices)} use {what}.")
 

@@ -4,7 +4,6 @@ the conversion, see the machine-wide queue and the cached builds, or analyse a .
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import tempfile
 import time
@@ -13,7 +12,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from analyzer import fmt
 from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, list_builds, queue
+from analyzer.build.compress import PRESETS, canonical_spec
 from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError, SourceError
 from analyzer.fmt import MIB
@@ -28,7 +29,7 @@ from analyzer.model.sources import (
     resolve_source,
 )
 from analyzer.model.variants import KV_MODES, VARIANTS
-from analyzer.report.catalog import describe_spec, package_ref
+from analyzer.report.catalog import describe_spec, package_refs
 from app_pages import shared
 
 CUSTOM = "custom spec…"
@@ -105,14 +106,11 @@ with st.container(border=True):
                        format_func=lambda m: {"state": "Core ML state", "input": "inputs (read-only)"}.get(m, m))
     c4, c5 = st.columns(2)
     variants = c4.multiselect("Variants", sorted(VARIANTS), default=["repeat_kv", "qfold"], key="builds_variants")
-    has_compress = importlib.util.find_spec("analyzer.build.compress") is not None
-    presets_c = {}
-    if has_compress:
-        from analyzer.build.compress import PRESETS as presets_c  # base, top8, top12 (write-up section 4)
-    compression = c5.selectbox("Weight compression", ["none", *presets_c, *([CUSTOM] if has_compress else [])],
-                               key="builds_compression", disabled=not has_compress,
-                               format_func=lambda c: f"{c}: {presets_c[c].description}" if c in presets_c else c,
-                               help=None if has_compress else "analyzer.build.compress is not in this version")
+    compression = c5.selectbox("Weight compression", ["none", *PRESETS, CUSTOM], key="builds_compression",
+                               format_func=lambda c: f"{c}: {PRESETS[c].description}" if c in PRESETS else c,
+                               help="The presets follow the write-up's base/top8/top12 (section 4).")
+    if compression in PRESETS:
+        st.caption(f"{compression}: {PRESETS[compression].assumption}.")
     if compression == CUSTOM:
         compression = st.text_input("Compression spec", key="builds_compression_spec",
                                     placeholder="ffn=pal4,attn=int8,lm_head=pal6,layers[first:2]=int8",
@@ -157,8 +155,6 @@ with st.container(border=True):
         try:
             spec_text = None
             if compression != "none":
-                from analyzer.build.compress import canonical_spec
-
                 spec_text = canonical_spec(compression, resolved[1].num_layers)
             specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text) for v in variants)
         except QfoldError as e:
@@ -211,8 +207,8 @@ def conversions() -> None:
     q = queue(root)
     if q:
         now = time.time()
-        st.dataframe(pd.DataFrame([{"build": e["key"], "state": e["state"], "pid": e["pid"],
-                                    "waiting or running for (s)": round(now - e.get("since", now))} for e in q]),
+        st.dataframe(pd.DataFrame([{"build": e.key, "state": e.state, "pid": e.pid,
+                                    "waiting or running for (s)": round(now - e.since_s)} for e in q]),
                      hide_index=True, width="stretch")
     else:
         st.caption("Nothing queued or converting on this machine.")
@@ -235,15 +231,15 @@ if not builds:
     st.caption(f"No finished builds in `{root}` yet.")
 else:
     table = pd.DataFrame([{
-        "build": describe_spec(b["spec"]),
-        "key": b["key"],
-        "created": b["created"],
-        "tile ops": b["summary"].get("tile_count"),
-        "tile output MiB": (b["summary"].get("tile_output_bytes") or 0) / MIB,
-        "ops": b["summary"].get("total_ops"),
-    } for b in builds])
+        "build": describe_spec(b.build.spec),
+        "key": b.build.key,
+        "created": b.build.created,
+        "tile ops": b.summary.tile_count,
+        "tile output MiB": b.summary.tile_output_bytes / MIB,
+        "ops": b.summary.total_ops,
+    } for b in builds if b.build])
     st.dataframe(table, hide_index=True, width="stretch", column_config=shared.number_config(table))
-    keys = [b["key"] for b in builds]
+    keys = [b.build.key for b in builds if b.build]
     chosen = st.selectbox("Build", keys, key="builds_chosen")
     b1, b2, b3 = st.columns([1, 1, 4])
     if b1.button("Open as A", key="builds_as_a"):
@@ -268,16 +264,21 @@ if submitted and typed_package.strip():
     if path.suffix != ".mlpackage" or not path.is_dir():
         st.error(f"{path}: not a .mlpackage folder on this server")
     else:
-        ref = package_ref(path)
         try:
-            doc = shared.load_doc(ref)
+            refs = package_refs(path)
+            analyses = [(ref, shared.load(ref)) for ref in refs]
         except QfoldError as e:
             st.error(str(e))
         else:
             packages = st.session_state.setdefault("builds_packages", [])
-            if str(ref.path) not in packages:
-                packages.append(str(ref.path))
-            s = doc["summary"]
-            st.success(f"{ref.path.name}: {s['total_ops']:,} ops ({s['non_const_ops']:,} without const), "
-                       f"{s['tile_count']} tile ops, {doc['bytes']['bytes_per_token']['total'] / MIB:,.1f} MiB per "
-                       "token. It is now in the A/B pickers.")
+            if str(refs[0].path) not in packages:
+                packages.append(str(refs[0].path))
+            for ref, a in analyses:
+                s = a.summary
+                what = f"{ref.path.name}" + (f", function {ref.function}" if ref.function else "")
+                st.success(f"{what}: {s.total_ops:,} ops ({s.non_const_ops:,} without const), {s.tile_count} tile "
+                           f"ops, {fmt.mib(a.bytes_per_token.total)} per token. It is now in the A/B pickers.")
+                if a.account.unsized:
+                    examples = ", ".join(f"`{u.tensor}` {u.shape}" for u in a.account.unsized[:3])
+                    st.warning(f"{len(a.account.unsized)} tensors have a symbolic (flexible) dimension and are in no "
+                               f"byte total, e.g. {examples}")

@@ -16,21 +16,26 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from analyzer import fmt
 from analyzer.build.builds import queue
 from analyzer.build.jobs import BuildJob, JobSnapshot
-from analyzer.device import bandwidth as bw
-from analyzer.device.logs import LogImport, parse_logs, summarize
+from analyzer.device.bandwidth import WRITEUP_AB_IPHONE
+from analyzer.device.fit import BandwidthFit, BandwidthReport, bandwidth_report
+from analyzer.device.logs import LogImport, parse_logs
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB, to_csv
-from analyzer.graph.accounting import account
-from analyzer.graph.record import load_program, program_from_json
+from analyzer.graph.accounting import DEFAULT_WEIGHT_CHARGE, WeightCharge
+from analyzer.graph.record import Analysis, load_analysis
+from analyzer.report.assumptions import assumption_notes
+from analyzer.report.bandwidth_figures import BandwidthCurve, bandwidth_frame, pairs_frame
 from analyzer.report.catalog import AnalysisRef, builds_root, catalog, default_log_mapping, default_pair
-from analyzer.report.figures import BandwidthCurve, bandwidth_frame, op_frame, pairs_frame
+from analyzer.report.figures import op_frame
 from analyzer.report.report import BandwidthSection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_LOG = REPO_ROOT / "examples" / "writeup_device_logs.csv"
-DEFAULT_BW_MB_S = bw.WRITEUP_AB_IPHONE.bytes_per_s / MB  # 55,900 MB/s, the write-up's constant
+DEFAULT_BW_MB_S = WRITEUP_AB_IPHONE.bytes_per_s / MB  # 55,900 MB/s, the write-up's constant
+WEIGHT_CHARGE_KEY = "ab_weight_charge"  # the A/B page's choice; every page's bytes use it
 UNMAPPED = "(not mapped)"
 
 
@@ -58,31 +63,36 @@ def refs_by_id(refs: Sequence[AnalysisRef]) -> dict[str, AnalysisRef]:
     return {r.id: r for r in refs}
 
 
-@st.cache_data(show_spinner="Loading the analysis…", max_entries=16)
-def _load_doc(kind: str, path: str, mtime: float) -> dict[str, Any]:
-    # load_program re-derives summary and bytes with the current rules, for stored analyses too
-    return load_program(path)[1]
+def weight_charge() -> WeightCharge:
+    """How compressed weights count per token, as chosen on the A/B page (default: as stored)."""
+    return st.session_state.get(WEIGHT_CHARGE_KEY, DEFAULT_WEIGHT_CHARGE)
 
 
-def load_doc(ref: AnalysisRef) -> dict[str, Any]:
-    """The analysis document of ``ref`` (raises QfoldError with a message fit for st.error)."""
-    args = (ref.kind, str(ref.path), _mtime(ref.path))
+# Frozen records, never mutated: shared across sessions as resources, not copied per call.
+@st.cache_resource(show_spinner="Loading the analysis…", max_entries=16)
+def _load(path: str, function: str | None, mtime: float, charge: str) -> Analysis:
+    # derived figures (summary, bytes) are computed with the current rules, for stored analyses too
+    return load_analysis(path, function, charge)  # type: ignore[arg-type]
+
+
+def load(ref: AnalysisRef) -> Analysis:
+    """The analysis ``ref`` names (raises QfoldError with a message fit for st.error)."""
+    args = (str(ref.path), ref.function, _mtime(ref.path), weight_charge())
     try:
-        return _load_doc(*args)
+        return _load(*args)
     except QfoldError:
-        _load_doc.clear(*args)
+        _load.clear(*args)
         raise
 
 
 @st.cache_data(show_spinner="Accounting bytes per op…", max_entries=16)
-def _op_table(kind: str, path: str, mtime: float) -> pd.DataFrame:
-    doc = _load_doc(kind, path, mtime)
-    return op_frame(account(program_from_json(doc["program"])).op_rows())
+def _op_table(path: str, function: str | None, mtime: float, charge: str) -> pd.DataFrame:
+    return op_frame(_load(path, function, mtime, charge).account.op_rows())
 
 
 def op_table(ref: AnalysisRef) -> pd.DataFrame:
     """Every op of ``ref`` with the bytes it moves per token, by category."""
-    args = (ref.kind, str(ref.path), _mtime(ref.path))
+    args = (str(ref.path), ref.function, _mtime(ref.path), weight_charge())
     try:
         return _op_table(*args)
     except QfoldError:
@@ -119,6 +129,20 @@ def persisted_selectbox(label: str, options: Sequence[Any], key: str, default: A
 
     index = options.index(st.session_state[key]) if options else None
     st.selectbox(label, options, index=index, key=widget, on_change=sync, format_func=format_func, **kwargs)
+    return st.session_state[key]
+
+
+def persisted_radio(label: str, options: Sequence[Any], key: str, default: Any, **kwargs: Any) -> Any:
+    """A radio whose value lives in ``st.session_state[key]`` (other pages read it)."""
+    options = list(options)
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default
+    widget = f"{key}__widget"
+
+    def sync() -> None:
+        st.session_state[key] = st.session_state[widget]
+
+    st.radio(label, options, index=options.index(st.session_state[key]), key=widget, on_change=sync, **kwargs)
     return st.session_state[key]
 
 
@@ -176,14 +200,14 @@ def crosscheck_display(frame: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def tile_sizes_text(doc: dict[str, Any]) -> str:
+def tile_sizes_text(analysis: Analysis) -> str:
     """``60 tiles × 16 MiB = 960 MiB`` when the tiles are all one size."""
-    tiles = doc["summary"]["tiles"]
-    sizes = {t["output_bytes"] for t in tiles}
-    total = sum(t["output_bytes"] for t in tiles)
+    tiles = analysis.summary.tiles
+    sizes = {t.output_bytes or 0 for t in tiles}
+    total = analysis.summary.tile_output_bytes
     if len(sizes) == 1:
-        return f"A: {len(tiles)} tiles × {sizes.pop() / MIB:,.2f} MiB = {total / MIB:,.0f} MiB of tile output"
-    return f"A: {len(tiles)} tiles, {total / MIB:,.0f} MiB of tile output"
+        return f"A: {len(tiles)} tiles × {fmt.mib(sizes.pop(), 2)} = {fmt.mib(total, 0)} of tile output"
+    return f"A: {len(tiles)} tiles, {fmt.mib(total, 0)} of tile output"
 
 
 def number_config(frame: pd.DataFrame) -> dict[str, Any]:
@@ -251,33 +275,37 @@ def log_mapping(labels: Sequence[str], refs: Sequence[AnalysisRef]) -> dict[str,
     return {label: mapping.get(label) for label in labels}
 
 
+def mapped_analyses(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> dict[str, Analysis]:
+    """Build label → the analysis it is mapped to."""
+    by_id = refs_by_id(refs)
+    return {label: load(by_id[ref_id]) for label, ref_id in mapping.items() if ref_id and ref_id in by_id}
+
+
 def graph_bytes(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> dict[str, int]:
     """Build label → total graph bytes per token of the analysis it is mapped to."""
-    by_id = refs_by_id(refs)
-    out = {}
-    for label, ref_id in mapping.items():
-        if ref_id and ref_id in by_id:
-            out[label] = int(load_doc(by_id[ref_id])["bytes"]["bytes_per_token"]["total"])
-    return out
+    return {label: a.bytes_per_token.total for label, a in mapped_analyses(mapping, refs).items()}
+
+
+def graph_assumptions(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> tuple[str, ...]:
+    """What the mapped analyses' graph bytes assume, one line per (label, assumption)."""
+    return tuple(f"{label}: {note}" for label, a in mapped_analyses(mapping, refs).items()
+                 for note in assumption_notes(a))
 
 
 def bandwidth_analysis(imported: LogImport, graph: dict[str, int], *, fixed_bw_bytes_per_s: float | None,
-                       overhead: bool) -> tuple[tuple[bw.BandwidthFit, ...], dict[str, bw.BandwidthAssumption],
-                                                bw.CrossCheckReport]:
-    """Fits per device, the bandwidth each device's predictions use, and the cross-check."""
-    summaries = summarize(imported.measurements)
-    fits = bw.fit_devices(summaries, graph, overhead=overhead)
-    devices = list(dict.fromkeys(s.device for s in summaries))
-    assumptions = bw.bandwidth_per_device(devices, fits, fixed_bw_bytes_per_s=fixed_bw_bytes_per_s)
-    return fits, assumptions, bw.crosscheck(summaries, graph, assumptions)
+                       overhead: bool) -> BandwidthReport:
+    """Fits per device, the bandwidth each device's predictions use, and the cross-check (the ``fit``
+    command's pipeline)."""
+    return bandwidth_report(imported.measurements, graph, fixed_bw_bytes_per_s=fixed_bw_bytes_per_s,
+                            overhead=overhead)
 
 
-def bandwidth_curves(bw_bytes_per_s: float, fits: Sequence[bw.BandwidthFit]) -> tuple[BandwidthCurve, ...]:
-    curves = [BandwidthCurve(f"BW {bw_bytes_per_s / MB:,.0f} MB/s (slider)", bw_bytes_per_s)]
+def bandwidth_curves(bw_bytes_per_s: float, fits: Sequence[BandwidthFit]) -> tuple[BandwidthCurve, ...]:
+    curves = [BandwidthCurve(f"BW {fmt.bandwidth(bw_bytes_per_s)} (slider)", bw_bytes_per_s)]
     for f in fits:
         if f.usable:
             extra = f" + {f.overhead_s * 1e3:.2f} ms" if f.model == "bandwidth+overhead" else ""
-            curves.append(BandwidthCurve(f"fit {f.device}: {f.bw_bytes_per_s / MB:,.0f} MB/s{extra}",
+            curves.append(BandwidthCurve(f"fit {f.device}: {fmt.bandwidth(f.bw_bytes_per_s)}{extra}",
                                          f.bw_bytes_per_s, max(f.overhead_s, 0.0), dash="dash", color="#888"))
     return tuple(curves)
 
@@ -288,10 +316,12 @@ def bandwidth_section(refs: Sequence[AnalysisRef], bw_bytes_per_s: float) -> Ban
     if not imported.measurements:
         return None
     labels = list(dict.fromkeys(m.build for m in imported.measurements))
-    graph = graph_bytes(log_mapping(labels, refs), refs)
-    fits, _, report = bandwidth_analysis(imported, graph, fixed_bw_bytes_per_s=bw_bytes_per_s, overhead=False)
-    return BandwidthSection(bandwidth_frame(report), pairs_frame(report), bandwidth_curves(bw_bytes_per_s, fits),
-                            tuple(f.verdict for f in fits))
+    mapping = log_mapping(labels, refs)
+    result = bandwidth_analysis(imported, graph_bytes(mapping, refs), fixed_bw_bytes_per_s=bw_bytes_per_s,
+                                overhead=False)
+    return BandwidthSection(bandwidth_frame(result.crosscheck), pairs_frame(result.crosscheck),
+                            bandwidth_curves(bw_bytes_per_s, result.fits), tuple(f.verdict for f in result.fits),
+                            graph_assumptions(mapping, refs))
 
 
 # ------------------------------------------------------------------------------------------------- jobs
@@ -306,4 +336,4 @@ def job_snapshots() -> list[JobSnapshot]:
 def running_keys() -> set[str]:
     """Build keys converting now: this session's jobs and the machine-wide queue."""
     keys = {k for s in job_snapshots() if not s.finished for k in s.keys}
-    return keys | {e["key"] for e in queue(builds_root())}
+    return keys | {e.key for e in queue(builds_root())}

@@ -2,7 +2,9 @@
 
 tiny: 2 layers of the default preset's attention geometry at ctx 256 (~10 s a build).
 structure: the default preset's 30 layers and attention geometry at ctx 4096 with small hidden/vocab sizes
-(design.md: same tiles and tile bytes as full size in ~1 min and ~1 GB a build).
+(same tiles and tile bytes as full size in ~1 min and ~1 GB a build: docs/measurements.md).
+
+Tests marked ``full`` (full-size conversions, ~15 GB each) run only with ``QFOLD_FULL=1``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,17 @@ from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_
 
 TINY_OVERRIDES = (*STRUCTURE_OVERRIDES, "num_hidden_layers=2")
 TINY_CTX = 256
+FULL_ENV = "QFOLD_FULL"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``full``-marked tests unless QFOLD_FULL=1 (they need ~15 GB and minutes per conversion)."""
+    if os.environ.get(FULL_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"full-size conversions (~15 GB each): set {FULL_ENV}=1 to run")
+    for item in items:
+        if item.get_closest_marker("full") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

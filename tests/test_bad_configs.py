@@ -29,11 +29,11 @@ FILE_CASES: dict[str, str] = {
     "typo-model-type.json": r"model_type='llamma'.*did you mean llama",
     "no-model-type.json": r"no-model-type.json: config has no 'model_type' field",
     "model-type-number.json": r"model_type=7 is not an architecture",
-    "not-json.json": r"not-json.json: not valid JSON \(line 1",
+    "not-json.json": r"not-json.json: not valid JSON \(.* line 1",
     "array.json": r"array.json: a config.json must hold a JSON object, not list",
     "string.json": r"string.json: a config.json must hold a JSON object, not str",
     "empty.json": r"empty.json: not valid JSON",
-    "latin1.json": r"latin1.json: cannot read config: 'utf-8' codec",
+    "latin1.json": r"latin1.json: not UTF-8 text \(byte 36\)",
     "nan.json": r"nan.json: field rms_norm_eps is NaN",
     "infinity.json": r"infinity.json: field rope_theta is Infinity",
     "neg-infinity-nested.json": r"field rope_scaling.factor is -Infinity",
@@ -106,7 +106,7 @@ def results(tmp_path_factory) -> dict[str, dict]:
 EXPECTED: dict[str, tuple[int, str]] = {
     **{name: (1, regex) for name, regex in FILE_CASES.items()},
     **{f"arg{i}": (code, regex) for i, (_, code, regex) in enumerate(ARG_CASES)},
-    "oversize": (1, r"oversize.json: [0-9,]+ bytes; a config.json is at most 1,048,576 bytes"),
+    "oversize": (1, r"oversize.json: [0-9,]+ bytes, more than the 1,048,576 this file may have"),
     "no-config-folder": (1, r"empty-folder: folder has no config.json"),
     "pickle-folder": (1, r"weights are only in pickle files \(pytorch_model.bin\).*safetensors only"),
 }

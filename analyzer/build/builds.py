@@ -5,7 +5,7 @@ A build folder holds ``model.mlpackage``, ``analysis.json`` and ``build.log``. T
 when everything is written, so an interrupted build never leaves a folder that looks finished. Shared
 state lives on disk with file locks (several Streamlit sessions and CLIs may build at once): one lock per
 key (two requests for the same build wait for one conversion) and one machine-wide conversion lock
-(a full-size conversion needs ~15 GB: design.md), so further conversions queue.
+(a full-size conversion needs ~15 GB: bench/results/full_size.json), so further conversions queue.
 """
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from analyzer.errors import BuildError, QfoldError
 from analyzer.fsio import write_json_atomic
-from analyzer.graph.record import ANALYSIS_FILE, load_analysis
+from analyzer.graph.buildinfo import StoredSpec
+from analyzer.graph.jsonfields import Field
+from analyzer.graph.record import ANALYSIS_FILE, Analysis, read_analysis_file, write_analysis
 from analyzer.model.sources import ModelSource
 from analyzer.model.variants import KV_MODES
 
@@ -33,7 +37,7 @@ LOG_FILE = "build.log"
 PROGRESS_PREFIX = "@@qfold "  # child → parent protocol: one JSON object per line after this prefix
 DEFAULT_EQUIVALENCE_STEPS = 8
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
+QUEUE_DIR = ".queue"
 
 
 def builds_dir(path: str | Path | None = None) -> Path:
@@ -94,35 +98,24 @@ class BuildSpec:
             parts.append(_compression_label(self.compression, self.source.config_dict.get("num_hidden_layers", 0)))
         return "-".join([*parts, digest])
 
+    def stored(self) -> StoredSpec:
+        """The spec as a build's analysis stores it."""
+        return StoredSpec(self.source, self.variant, self.kv_mode, self.ctx, self.compression, self.equivalence_steps)
+
     def to_json(self) -> dict[str, Any]:
-        s = self.source
-        return {
-            "source": {"kind": s.kind, "ref": s.ref, "label": s.label, "overrides": list(s.overrides),
-                       "fingerprint": s.fingerprint()},
-            "variant": self.variant,
-            "kv_mode": self.kv_mode,
-            "ctx": self.ctx,
-            "compression": self.compression,
-            "equivalence_steps": self.equivalence_steps,
-        }
+        return self.stored().to_json()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> BuildSpec:
-        from analyzer.model.sources import source_from_fingerprint
-
-        s = d["source"]
-        source = source_from_fingerprint(s["kind"], s["ref"], s["label"], s["fingerprint"], s["overrides"])
-        return cls(source, d["variant"], d["kv_mode"], d["ctx"], d["compression"], d["equivalence_steps"])
+    def from_json(cls, d: Any, where: str = "build request") -> BuildSpec:
+        s = StoredSpec.from_json(Field(d, where))
+        return cls(s.source, s.variant, s.kv_mode, s.ctx, s.compression, s.equivalence_steps)
 
 
 def _compression_label(canonical: str, num_layers: int) -> str:
     """The preset's name when the spec is one (``top8``), else ``custom``; the hash tells customs apart."""
-    from analyzer.build.compress import PRESETS, canonical_spec
+    from analyzer.build.compress.spec import preset_of
 
-    for name in PRESETS:
-        if canonical_spec(name, num_layers) == canonical:
-            return name
-    return "custom"
+    return preset_of(canonical, num_layers) or "custom"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,22 +141,12 @@ def is_complete(path: Path) -> bool:
     return (path / ANALYSIS_FILE).is_file()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_tmp(root: Path) -> list[Path]:
     """Remove ``.tmp-<key>-<pid>`` folders whose process is gone (a killed build)."""
     removed = []
     for tmp in root.glob(".tmp-*"):
         pid_text = tmp.name.rsplit("-", 1)[-1]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not psutil.pid_exists(int(pid_text)):
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp)
     return removed
@@ -226,52 +209,82 @@ def _last_line(path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- reading
-
-def list_builds(root: str | Path | None = None) -> list[dict[str, Any]]:
-    """Finished builds, newest first: key, path and the analysis headline."""
+def list_builds(root: str | Path | None = None) -> list[Analysis]:
+    """Finished builds, newest first (a folder whose analysis cannot be read is left out)."""
     out = []
-    for d in builds_dir(root).iterdir() if builds_dir(root).is_dir() else []:
+    folder = builds_dir(root)
+    for d in folder.iterdir() if folder.is_dir() else []:
         if d.name.startswith(".") or not is_complete(d):
             continue
         try:
-            a = load_analysis(d)
+            analysis = read_analysis_file(d)
         except QfoldError:
             continue
-        out.append({"key": d.name, "path": str(d), "created": a.get("created", ""), "spec": a.get("spec", {}),
-                    "summary": a.get("summary", {})})
-    return sorted(out, key=lambda b: b["created"], reverse=True)
+        if analysis.build is not None:
+            out.append(analysis)
+    return sorted(out, key=lambda a: a.build.created if a.build else "", reverse=True)
 
 
-def queue(root: str | Path | None = None) -> list[dict[str, Any]]:
-    """Conversions queued or running on this machine (from ``builds/.queue``; dead entries skipped)."""
-    qdir = builds_dir(root) / ".queue"
+def build_folder(analysis: Analysis) -> Path:
+    """The build folder an analysis was read from."""
+    return Path(analysis.file).parent
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """A conversion waiting for the machine-wide slot or running (a file in ``builds/.queue``)."""
+
+    key: str
+    pid: int
+    state: str  # "queued" | "running"
+    since_s: float  # Unix time it was queued
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "pid": self.pid, "state": self.state, "since": self.since_s}
+
+
+def write_queue_entry(path: Path, entry: QueueEntry) -> None:
+    write_json_atomic(path, entry.to_json())
+
+
+def queue(root: str | Path | None = None) -> list[QueueEntry]:
+    """Conversions queued or running on this machine, oldest first; entries whose process is gone (a killed
+    build) or that cannot be read are left out."""
+    qdir = builds_dir(root) / QUEUE_DIR
     out = []
     for f in sorted(qdir.glob("*.json")) if qdir.is_dir() else []:
         try:
-            entry = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
+            d = json.loads(f.read_text())
+            entry = QueueEntry(str(d["key"]), int(d["pid"]), str(d["state"]), float(d["since"]))
+        except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _pid_alive(int(entry.get("pid", -1))):
+        if psutil.pid_exists(entry.pid):
             out.append(entry)
-    return sorted(out, key=lambda e: e.get("since", 0))
+    return sorted(out, key=lambda e: e.since_s)
 
 
 def load_bytes_per_token(path: str | Path) -> int:
     """Total logical bytes per decode token of a build folder, an analysis.json or any .mlpackage."""
-    from analyzer.graph.record import load_program
+    from analyzer.graph.record import load_analysis
 
-    return int(load_program(path)[1]["bytes"]["bytes_per_token"]["total"])
+    return load_analysis(path).bytes_per_token.total
 
-def reanalyze_build(path: str | Path) -> dict[str, Any]:
-    """Walk a build's saved package again and rewrite its analysis.json (summary, bytes, program), keeping
-    spec, timings and equivalence: for builds made before the walker learned something new."""
+
+def reanalyze(path: str | Path) -> Analysis:
+    """Rewrite an analysis with this version's walker: a build folder's saved package is walked again; an
+    ``analysis.json`` without a package (a shipped one) has its stored ops' facts derived again (schema
+    migration). Build metadata (spec, timings, equivalence) is kept."""
+    from dataclasses import replace
+
     from analyzer.graph.mil import read_program
-    from analyzer.graph.record import program_document
 
-    build = Path(path)
-    doc = load_analysis(build)
-    fresh = program_document(read_program(build / PACKAGE_NAME))
-    fresh["program"]["path"] = PACKAGE_NAME
-    doc.update(fresh)
-    write_json_atomic(build / ANALYSIS_FILE, doc, compact=True)
-    return doc
+    p = Path(path)
+    file = p / ANALYSIS_FILE if p.is_dir() else p
+    old = read_analysis_file(file)
+    package = file.parent / PACKAGE_NAME
+    if p.is_dir() and package.is_dir():
+        fresh = replace(old, program=replace(read_program(package), path=PACKAGE_NAME))
+    else:
+        fresh = old
+    write_analysis(file, fresh)
+    return read_analysis_file(file)

@@ -2,7 +2,7 @@
 
 Runs one build end to end (torch model → equivalence → trace → ct.convert → optional compression → save →
 MIL walk → analysis.json) in its own process, because a full-size conversion needs ~15 GB and ~2.5 min
-(design.md) and must neither block nor bloat the dashboard. It reports progress as ``@@qfold {json}`` lines
+(docs/measurements.md) and must neither block nor bloat the dashboard. It reports progress as ``@@qfold {json}`` lines
 on stdout, holds the per-key and machine-wide locks itself (so they are released only when the work
 really stops), writes into ``.tmp-<key>-<pid>/`` and renames it into place as its very last step.
 """
@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 import traceback
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,14 +24,17 @@ from analyzer.build.builds import (
     LOG_FILE,
     PACKAGE_NAME,
     PROGRESS_PREFIX,
+    QUEUE_DIR,
     BuildSpec,
+    QueueEntry,
     clean_stale_tmp,
     is_complete,
     tool_versions,
+    write_queue_entry,
 )
 from analyzer.errors import BuildError, QfoldError
-from analyzer.fsio import write_json_atomic
-from analyzer.graph.record import ANALYSIS_FILE
+from analyzer.fsio import read_json, write_json_atomic
+from analyzer.graph.record import ANALYSIS_FILE, Analysis, write_analysis
 
 _T0 = time.monotonic()
 _LOG: list[str] = []
@@ -43,13 +47,15 @@ def emit(fraction: float, stage: str, message: str) -> None:
           flush=True)
 
 
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+def peak_rss_bytes(platform: str = sys.platform) -> int:
+    """Peak resident memory of this process so far, in bytes. getrusage(2) gives ``ru_maxrss`` in kilobytes on
+    Linux (Linux man-pages, getrusage(2)) and in bytes on macOS (Darwin's getrusage(2) man page)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if platform == "darwin" else 1024)
 
 
 def check_numpy() -> None:
     """coremltools 9.0's ``aten::Int``/``aten::Bool`` cast of size-1 constants fails under NumPy ≥ 2.4
-    ("only 0-dimensional arrays can be converted to Python scalars", design.md). qfold pins numpy<2.4
+    ("only 0-dimensional arrays can be converted to Python scalars", docs/measurements.md). qfold pins numpy<2.4
     in requirements.txt rather than patching coremltools at run time; fail early and say so."""
     import numpy as np
 
@@ -99,43 +105,48 @@ def convert_step(step, keep_duplicate_consts: bool = False):
     if states:
         kwargs["states"] = states
     if keep_duplicate_consts:
-        # an untied embedding/lm_head pair would be merged back into one const (design.md)
+        # an untied embedding/lm_head pair would be merged back into one const (docs/compression.md)
         pipeline = ct.PassPipeline.DEFAULT
         pipeline.remove_passes(["common::const_deduplication"])
         kwargs["pass_pipeline"] = pipeline
     return ct.convert(traced, **kwargs)
 
 
-def _equivalence(spec: BuildSpec, model, cache_dir: Path | None) -> dict:
+def _equivalence(spec: BuildSpec, model, cache_dir: Path | None):
     """The equivalence report depends on the source, KV mode, ctx and steps but not on the variant being
     built, so the two builds of an A/B pair share one computation (for the full-size model it is minutes
     of fp16 matmuls on the CPU), cached under ``builds/.equivalence/``."""
     import hashlib
 
-    from analyzer.graph.record import equivalence_json
+    from analyzer.graph.buildinfo import equivalence_from_json, equivalence_json
+    from analyzer.graph.jsonfields import Field
     from analyzer.model.equivalence import check_equivalence
 
     fingerprint = {k: v for k, v in spec.fingerprint().items() if k not in ("variant", "compression")}
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
     cached = cache_dir / f"{digest}.json" if cache_dir is not None else None
     if cached is not None and cached.is_file():
-        emit(0.10, "equivalence", f"reusing the equivalence check of this source ({cached.name})")
-        return json.loads(cached.read_text())
+        try:
+            report = equivalence_from_json(Field(read_json(cached), str(cached)))
+        except QfoldError as e:  # a damaged cache entry is computed again, not trusted
+            emit(0.10, "equivalence", f"ignoring the cached check: {e}")
+        else:
+            emit(0.10, "equivalence", f"reusing the equivalence check of this source ({cached.name})")
+            return report
     emit(0.10, "equivalence", f"decoding {spec.equivalence_steps} tokens with every variant in fp32 and fp16")
-    report = equivalence_json(check_equivalence(model, spec.kv_mode, spec.ctx, spec.equivalence_steps))
+    report = check_equivalence(model, spec.kv_mode, spec.ctx, spec.equivalence_steps)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(cached, report)
+        write_json_atomic(cached, equivalence_json(report))
     return report
 
 
-def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None) -> dict:
-    """Do the work of one build into ``out_dir``; returns the analysis document."""
+def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None) -> Analysis:
+    """Do the work of one build into ``out_dir``; returns its analysis."""
     import torch
 
-    from analyzer.build.compress import compression_report
+    from analyzer.graph.buildinfo import BuildInfo
     from analyzer.graph.mil import read_program
-    from analyzer.graph.record import program_document
     from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
     from analyzer.model.sources import geometry_of, load_config
 
@@ -179,41 +190,33 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     timed("save_s", mlmodel.save, str(pkg))
     del mlmodel
     emit(0.95, "walk", "walking the saved MIL program")
-    program = timed("walk_s", read_program, pkg)
-    doc = program_document(program)
-    doc["program"]["path"] = PACKAGE_NAME
-
-    return {
-        "schema_version": doc["schema_version"],
-        "key": spec.key,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "spec": spec.to_json(),
-        "geometry": {"model_type": geometry.model_type, "num_layers": geometry.num_layers,
-                     "num_q_heads": geometry.num_q_heads, "num_kv_heads": geometry.num_kv_heads,
-                     "head_dim": geometry.head_dim, "hidden_size": geometry.hidden_size,
-                     "vocab_size": geometry.vocab_size, "group_size": geometry.group_size},
-        "versions": tool_versions(),
-        "timings": timings,
-        "peak_rss_bytes": peak_rss_bytes(),
-        "package_bytes": sum(f.stat().st_size for f in pkg.rglob("*") if f.is_file()),
-        "equivalence": equivalence,
-        "untied_embeddings": untied,
-        "compression_report": compression_report(program),
-        **{k: doc[k] for k in ("summary", "bytes", "program")},
-    }
+    program = replace(timed("walk_s", read_program, pkg), path=PACKAGE_NAME)
+    info = BuildInfo(
+        key=spec.key,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        spec=spec.stored(),
+        geometry=geometry,
+        versions=tool_versions(),
+        timings_s=timings,
+        peak_rss_bytes=peak_rss_bytes(),
+        package_bytes=sum(f.stat().st_size for f in pkg.rglob("*") if f.is_file()),
+        equivalence=equivalence,
+        untied_embeddings=untied,
+    )
+    return Analysis(program, info)
 
 
 class _QueueEntry:
     """A file in ``builds/.queue`` so every session can show what is queued or converting."""
 
     def __init__(self, root: Path, key: str):
-        self.path = root / ".queue" / f"{key}.{os.getpid()}.json"
+        self.path = root / QUEUE_DIR / f"{key}.{os.getpid()}.json"
         self.path.parent.mkdir(exist_ok=True)
         self.key = key
         self.since = time.time()
 
     def set(self, state: str) -> None:
-        write_json_atomic(self.path, {"key": self.key, "pid": os.getpid(), "state": state, "since": self.since})
+        write_queue_entry(self.path, QueueEntry(self.key, os.getpid(), state, self.since))
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -222,7 +225,7 @@ class _QueueEntry:
 def run(request: Path, root: Path) -> int:
     from filelock import FileLock, Timeout
 
-    spec = BuildSpec.from_json(json.loads(request.read_text()))
+    spec = BuildSpec.from_json(json.loads(request.read_text()), str(request))
     key = spec.key
     final = root / key
     (root / ".locks").mkdir(parents=True, exist_ok=True)
@@ -247,8 +250,9 @@ def run(request: Path, root: Path) -> int:
                 tmp.mkdir()
                 try:
                     analysis = build(spec, tmp, root / ".equivalence")
-                    analysis["timings"]["total_s"] = round(time.monotonic() - _T0, 3)
-                    (tmp / ANALYSIS_FILE).write_text(json.dumps(analysis, separators=(",", ":")))
+                    info = analysis.build
+                    timings = {**info.timings_s, "total_s": round(time.monotonic() - _T0, 3)}
+                    write_analysis(tmp / ANALYSIS_FILE, replace(analysis, build=replace(info, timings_s=timings)))
                     (tmp / LOG_FILE).write_text("\n".join(_LOG) + "\n")
                     os.rename(tmp, final)  # the one step that makes the build look finished
                 except BaseException:

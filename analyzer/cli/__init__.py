@@ -3,8 +3,9 @@
 Contract (scripts depend on these names):
   build --model M --variant {repeat_kv,qfold} [--kv {state,input}] [--ctx N] [--set K=V ...]
         [--compression SPEC]          last stdout line: the build folder
-  inspect PATH [--json] [--ops] [--csv]   PATH: a build folder, an analysis.json or any .mlpackage
-  diff A B [--json]
+  inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}]
+                                          PATH: a build folder, an analysis.json or any .mlpackage
+  diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}]
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
 Bad arguments and failed steps exit non-zero with one line on stderr, no traceback.
 """

@@ -17,28 +17,22 @@ import math
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from analyzer.device.bandwidth import (
-    BandwidthAssumption,
-    BandwidthFit,
-    CrossCheckReport,
-    bandwidth_per_device,
-    crosscheck,
-    fit_devices,
-)
+from analyzer import fmt
+from analyzer.device.fit import BandwidthReport, bandwidth_report
 from analyzer.device.logs import (
-    BuildDeviceSummary,
     LogImport,
     LogLimits,
     check_size,
     parse_decimal,
     parse_logs,
-    summarize,
 )
+from analyzer.errors import QfoldError
 from analyzer.fmt import MB, table
+from analyzer.report.assumptions import assumption_notes
 
 PROG = "qfold fit"
 
@@ -88,9 +82,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 # Arguments → inputs
 
 
-def _graph_bytes(specs: Sequence[str]) -> dict[str, int]:
-    """``LABEL=INT`` or ``LABEL=PATH`` → label → bytes/token (paths via analyzer.build.builds)."""
-    graph: dict[str, int] = {}
+@dataclass(frozen=True, slots=True)
+class GraphSource:
+    """Where a ``--build`` label's graph bytes come from, and what they assume."""
+
+    label: str
+    bytes_per_token: int
+    path: str | None  # None: given as a number
+    assumptions: tuple[str, ...] = ()  # report.assumptions.assumption_notes of the analysis
+
+
+def _graph_bytes(specs: Sequence[str]) -> dict[str, GraphSource]:
+    """``LABEL=INT`` or ``LABEL=PATH`` → label → graph bytes/token and where they come from."""
+    graph: dict[str, GraphSource] = {}
     for spec in specs:
         label, sep, value = spec.partition("=")
         label, value = label.strip(), value.strip()
@@ -99,31 +103,28 @@ def _graph_bytes(specs: Sequence[str]) -> dict[str, int]:
         if label in graph:
             raise _ArgumentError(f"--build {spec!r}: label {label!r} is given twice")
         if re.fullmatch(r"[0-9]+", value):
-            graph[label] = int(value)
-            if graph[label] <= 0:
+            if int(value) <= 0:
                 raise _ArgumentError(f"--build {spec!r}: bytes/token must be > 0")
+            graph[label] = GraphSource(label, int(value), None)
             continue
         if re.fullmatch(r"[-+]?[0-9][0-9_.,eE+-]*", value) and not Path(value).exists():
             raise _ArgumentError(f"--build {spec!r}: bytes/token must be a whole number of bytes "
-                                   "(digits only, no separators or exponent)")
-        graph[label] = _load_build_bytes(spec, value)
+                                 "(digits only, no separators or exponent)")
+        graph[label] = _load_build_bytes(spec, label, value)
     return graph
 
 
-def _load_build_bytes(spec: str, path: str) -> int:
+def _load_build_bytes(spec: str, label: str, path: str) -> GraphSource:
+    from analyzer.graph.record import load_analysis
+
     try:
-        # Lazy: analyzer.build.builds pulls in the conversion stack, needed only for build paths.
-        from analyzer.build.builds import load_bytes_per_token  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise _ArgumentError(f"--build {spec!r}: build paths need analyzer.build.builds.load_bytes_per_token, "
-                               f"which is not available ({e}); pass LABEL=BYTES_PER_TOKEN instead") from e
-    try:
-        value = load_bytes_per_token(path)
-    except (OSError, ValueError) as e:
+        analysis = load_analysis(path)
+    except (OSError, QfoldError) as e:
         raise _ArgumentError(f"--build {spec!r}: {e}") from e
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise _ArgumentError(f"--build {spec!r}: the build reports {value!r} bytes/token, not an int > 0")
-    return value
+    total = analysis.bytes_per_token.total
+    if total <= 0:
+        raise _ArgumentError(f"--build {spec!r}: the build reports {total!r} bytes/token, not an int > 0")
+    return GraphSource(label, total, path, assumption_notes(analysis))
 
 
 def _read_logs(paths: Sequence[str], limits: LogLimits) -> list[tuple[str, bytes]]:
@@ -158,9 +159,8 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _json_payload(imported: LogImport, summaries: Sequence[BuildDeviceSummary],
-                  bandwidth: dict[str, BandwidthAssumption], fits: Sequence[BandwidthFit],
-                  report: CrossCheckReport) -> dict[str, Any]:
+def _json_payload(imported: LogImport, result: BandwidthReport, graph: dict[str, GraphSource]) -> dict[str, Any]:
+    summaries, bandwidth, fits, report = result.summaries, result.bandwidth, result.fits, result.crosscheck
     stats = {(s.build, s.device): s for s in summaries}
     builds = []
     for row in report.builds:
@@ -193,6 +193,7 @@ def _json_payload(imported: LogImport, summaries: Sequence[BuildDeviceSummary],
         "unmapped_builds": list(report.unmapped_builds),
         "unused_build_labels": list(report.unused_graph_labels),
         "issues": [asdict(i) for i in imported.issues],
+        "graph_sources": [asdict(g) for g in graph.values()],
     })
 
 
@@ -205,9 +206,9 @@ def _r(value: float | None, digits: int = 2) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
-def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
-                fits: Sequence[BandwidthFit], report: CrossCheckReport, *, fixed_bw: bool,
+def _print_text(imported: LogImport, result: BandwidthReport, graph: dict[str, GraphSource], *, fixed_bw: bool,
                 out: TextIO) -> None:
+    bandwidth, fits, report = result.bandwidth, result.fits, result.crosscheck
     files = imported.files
     print(f"{sum(f.n_accepted for f in files)} runs accepted from {len(files)} file(s); "
           f"{sum(f.n_rejected for f in files)} rejected, {sum(f.n_skipped for f in files)} skipped. "
@@ -215,7 +216,7 @@ def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
     print("\nBandwidth used for predictions:", file=out)
     for device, a in bandwidth.items():
         extra = f" + {a.overhead_s * 1e3:.3f} ms/token" if a.overhead_s else ""
-        print(f"  {device}: {a.bytes_per_s / MB:,.0f} MB/s{extra} ({a.source})", file=out)
+        print(f"  {device}: {fmt.bandwidth(a.bytes_per_s)}{extra} ({a.source})", file=out)
     print("\nBuilds:", file=out)
     print(table(
         [[r.build, r.device, r.n, _r(r.measured_tok_per_s), _r(r.predicted_tok_per_s),
@@ -224,6 +225,9 @@ def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
         ["build", "device", "n", "measured tok/s", "predicted tok/s", "inferred MB/token",
          "graph MB/token", "gap MB", "gap %"],
     ), file=out)
+    for g in graph.values():
+        source = "given as a number" if g.path is None else "; ".join(g.assumptions) or "fp16 weights"
+        print(f"graph bytes of {g.label}: {g.bytes_per_token:,} ({source})", file=out)
     if report.unmapped_builds:
         print(f"no graph bytes (pass --build LABEL=...): {', '.join(report.unmapped_builds)}", file=out)
     if report.unused_graph_labels:
@@ -235,7 +239,7 @@ def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
         print("  (--bw is given: predictions use it; the fits are shown for reference)", file=out)
     for fit in fits:
         r2 = "-" if fit.r_squared is None else f"{fit.r_squared:.4f}"
-        print(f"  {fit.device} [{fit.model}]: BW {fit.bw_bytes_per_s / MB:,.0f} MB/s, "
+        print(f"  {fit.device} [{fit.model}]: BW {fmt.bandwidth(fit.bw_bytes_per_s)}, "
               f"t0 {fit.overhead_s * 1e3:.3f} ms, {fit.n_points} builds, R² {r2}, "
               f"max |residual| {fit.max_abs_residual_pct:.1f}%", file=out)
         print(f"  {fit.verdict}", file=out)
@@ -276,20 +280,17 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
                   else "no row was accepted")
         _error(f"log import failed ({reason})", err)
         return 1
-    summaries = summarize(imported.measurements)
     try:
-        fits = fit_devices(summaries, graph, overhead=args.overhead)
-        devices = list(dict.fromkeys(s.device for s in summaries))
-        bandwidth = bandwidth_per_device(devices, fits, fixed_bw_bytes_per_s=args.bw)
-        report = crosscheck(summaries, graph, bandwidth)
+        result = bandwidth_report(imported.measurements, {g.label: g.bytes_per_token for g in graph.values()},
+                                  fixed_bw_bytes_per_s=args.bw, overhead=args.overhead)
     except (TypeError, ValueError) as e:
         _error(str(e), err)
         return 1
     if args.as_json:
-        payload = _json_payload(imported, summaries, bandwidth, fits, report)
+        payload = _json_payload(imported, result, graph)
         print(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False), file=out)
     else:
         for issue in imported.issues:
             print(issue.describe(), file=err)
-        _print_text(imported, bandwidth, fits, report, fixed_bw=args.bw is not None, out=out)
+        _print_text(imported, result, graph, fixed_bw=args.bw is not None, out=out)
     return 0

@@ -1,6 +1,6 @@
 """One decode step (q_len 1) of any transformers GQA decoder, in a form torch.jit.trace and Core ML accept.
 
-The mechanism needs no per-family code (design.md, probe/generic_decode.py):
+The mechanism needs no per-family code (docs/measurements.md, "One decode step for every family"):
 
 * attention: one function per variant is registered with ``transformers.AttentionInterface`` and named in
   ``config._attn_implementation``; every family then hands it the query ``[B, Hq, 1, D]`` and the

@@ -12,12 +12,13 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from analyzer.errors import SourceError
-from analyzer.model.decode import DecodeStep, run_decode
 from analyzer.model.variants import VARIANTS
+
+if TYPE_CHECKING:  # torch is imported where it runs, so reading a stored report needs no torch
+    import torch
 
 # The fp32 reference check fails above this |Δ| relative to the largest |logit|: fp32 reorderings give
 # ~1e-6 here, a wrong head pairing gives O(1).
@@ -55,6 +56,8 @@ class EquivalenceReport:
 
 
 def _tokens(vocab: int, steps: int, seed: int) -> list[int]:
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (steps,), generator=g).tolist()
 
@@ -62,6 +65,10 @@ def _tokens(vocab: int, steps: int, seed: int) -> list[int]:
 def check_equivalence(model: torch.nn.Module, kv_mode: str, ctx: int, steps: int = 8,
                       seed: int = 1234) -> EquivalenceReport:
     """Decode ``steps`` tokens with every variant in fp16 and fp32; ``model`` is fp32 and left unchanged."""
+    import torch
+
+    from analyzer.model.decode import DecodeStep, run_decode
+
     if steps < 1 or steps > ctx:
         raise ValueError(f"equivalence steps={steps}: must be between 1 and ctx={ctx}")
     tokens = _tokens(model.config.vocab_size, steps, seed)
@@ -83,6 +90,10 @@ def check_equivalence(model: torch.nn.Module, kv_mode: str, ctx: int, steps: int
 
 def reference_check(model: torch.nn.Module, tokens: list[int], ctx: int) -> ReferenceCheck:
     """``repeat_kv`` decode step (fp32 cache) against the family's own full-sequence eager forward."""
+    import torch
+
+    from analyzer.model.decode import DecodeStep, run_decode
+
     impl = model.config._attn_implementation
     model.config._attn_implementation = "eager"
     try:

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from analyzer.errors import SourceError
+from analyzer.fsio import loads_strict, read_json
 from analyzer.model.families import check_family
 
 DEFAULT_PRESET = "exaone-4.0-1.2b"
 
-# Overrides that keep the attention geometry but make a full-depth build cheap (design.md, "structure"
+# Overrides that keep the attention geometry but make a full-depth build cheap (docs/measurements.md, "structure"
 # config: same tiles and tile bytes in ~50 s and ~1 GB instead of ~2.5 min and ~15 GB).
 STRUCTURE_OVERRIDES = ("hidden_size=256", "intermediate_size=512", "vocab_size=1000")
 
@@ -115,39 +116,6 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 32
 
 
-class _NonFinite:
-    """Stands in for a NaN/Infinity literal while parsing, so the refusal can name where it was."""
-
-    def __init__(self, literal: str):
-        self.literal = literal
-
-
-def _check_structure(value: Any, where: str) -> None:
-    """Refuse NaN/Infinity (naming the field) and nesting deeper than MAX_CONFIG_DEPTH."""
-    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
-    while stack:
-        v, path, depth = stack.pop()
-        if depth > MAX_CONFIG_DEPTH:
-            raise SourceError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels; not a model config")
-        if isinstance(v, _NonFinite):
-            field = f"field {path}" if path else "the value"
-            raise SourceError(f"{where}: {field} is {v.literal}; a config holds finite numbers only")
-        if isinstance(v, dict):
-            stack.extend((x, f"{path}.{k}" if path else str(k), depth + 1) for k, x in v.items())
-        elif isinstance(v, list):
-            stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
-
-
-def _loads(text: str, where: str) -> Any:
-    """Strict JSON: NaN/Infinity refused, depth bounded (a RecursionError is a refusal, not a crash)."""
-    try:
-        value = json.loads(text, parse_constant=_NonFinite)
-    except RecursionError:
-        raise SourceError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels; not a model config") from None
-    _check_structure(value, where)
-    return value
-
-
 def parse_override(text: str) -> tuple[str, Any]:
     """``KEY=VALUE``; VALUE is read as JSON when it parses (``8``, ``1e-6``, ``null``, ``[..]``), else text."""
     key, sep, value = text.partition("=")
@@ -155,7 +123,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise SourceError(f"--set {text!r}: expected KEY=VALUE, e.g. --set num_key_value_heads=4")
     try:
-        return key, _loads(value, f"--set {key}")
+        return key, loads_strict(value, f"--set {key}", MAX_CONFIG_DEPTH, SourceError)
     except json.JSONDecodeError:
         return key, value
 
@@ -169,15 +137,7 @@ def _sha256_file(path: Path) -> str:
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise SourceError(f"{path}: {size:,} bytes; a config.json is at most {MAX_CONFIG_BYTES:,} bytes")
-        raw = _loads(path.read_text(encoding="utf-8"), str(path))
-    except (OSError, UnicodeDecodeError) as e:
-        raise SourceError(f"{path}: cannot read config: {e}") from e
-    except json.JSONDecodeError as e:
-        raise SourceError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    raw = read_json(path, MAX_CONFIG_BYTES, SourceError, MAX_CONFIG_DEPTH)
     if not isinstance(raw, dict):
         raise SourceError(f"{path}: a config.json must hold a JSON object, not {type(raw).__name__}")
     return raw

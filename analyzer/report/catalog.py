@@ -8,7 +8,11 @@ can pick is a cached build (``analyzer.build.builds.list_builds``) or a ``.mlpac
 walked on request.
 
 An :class:`AnalysisRef` names one of them with a stable id (``shipped:<file stem>``, ``build:<key>``,
-``package:<path>``) that the UI keeps in session state and maps device-log labels to.
+``package:<path>``, ``package:<path>#<function>`` for one function of a multi-function package) that the UI
+keeps in session state and maps device-log labels to.
+
+``make shipped`` (``bench/full_size.py --ship``) regenerates the shipped files under the names
+:func:`shipped_name` gives them.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from analyzer.build.builds import PACKAGE_NAME, builds_dir, list_builds
+from analyzer.build.builds import PACKAGE_NAME, build_folder, builds_dir, list_builds
 from analyzer.errors import QfoldError
-from analyzer.graph.record import load_analysis
+from analyzer.graph.buildinfo import StoredSpec
+from analyzer.graph.mil import list_functions
+from analyzer.graph.record import Analysis, read_analysis_file
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES
 from analyzer.model.variants import KV_MODES
 
@@ -62,6 +68,7 @@ class AnalysisRef:
     package_path: Path | None = None
     created: str = ""
     spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression)
+    function: str | None = None  # one function of a multi-function package; None: the only (or default) one
 
 
 def _variant_names() -> tuple[str, ...]:
@@ -81,6 +88,11 @@ def _compression_names() -> str:
     from analyzer.build.compress import PRESETS
 
     return "|".join(re.escape(n) for n in PRESETS)
+
+
+def shipped_name(preset: str, variant: str, kv_mode: str, ctx: int, compression: str | None = None) -> str:
+    """``exaone-4.0-1.2b-qfold-state-ctx4096-top8.analysis.json``: what a shipped file is, in its name."""
+    return f"{preset}-{variant}-{kv_mode}-ctx{ctx}" + (f"-{compression}" if compression else "") + SHIPPED_SUFFIX
 
 
 def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
@@ -103,22 +115,20 @@ def shipped_analyses(folder: Path = SHIPPED_DIR) -> dict[str, Path]:
     }
 
 
-def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> dict[str, Any]:
-    """The shipped default analysis document of ``variant``."""
+def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> Analysis:
+    """The shipped default analysis of ``variant``."""
     paths = shipped_analyses(folder)
     if variant not in paths:
         have = ", ".join(sorted(paths)) or "none"
         raise QfoldError(f"no shipped analysis for variant {variant!r} in {folder} (shipped: {have})")
-    return load_analysis(paths[variant])
+    return read_analysis_file(paths[variant])
 
 
 # ------------------------------------------------------------------------------------------------- catalog
-def describe_spec(spec: dict[str, Any]) -> str:
+def describe_spec(spec: StoredSpec) -> str:
     """``exaone-4.0-1.2b · repeat_kv · KV state · ctx 4096 · 2 layers, structure`` from a build spec."""
-    source = spec.get("source", {})
-    overrides = list(source.get("overrides", []))
-    parts = [source.get("label", "?"), spec.get("variant", "?"), f"KV {spec.get('kv_mode', '?')}",
-             f"ctx {spec.get('ctx', '?')}"]
+    overrides = list(spec.source.overrides)
+    parts = [spec.source.label, spec.variant, f"KV {spec.kv_mode}", f"ctx {spec.ctx}"]
     size = []
     layers = next((o.split("=", 1)[1] for o in overrides if o.startswith("num_hidden_layers=")), None)
     if layers is not None:
@@ -126,20 +136,19 @@ def describe_spec(spec: dict[str, Any]) -> str:
     structure = all(o in overrides for o in STRUCTURE_OVERRIDES)
     size.append("structure" if structure else "full size" if not overrides else "overrides")
     parts.append(", ".join(size))
-    if spec.get("compression"):
-        parts.append(f"compressed {spec['compression']}")
+    if spec.compression:
+        parts.append(f"compressed {spec.compression}")
     return " · ".join(parts)
 
 
-def _spec_fields(spec: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    source = spec.get("source", {})
+def _spec_fields(spec: StoredSpec) -> tuple[tuple[str, Any], ...]:
     return (
-        ("source", source.get("label")),
-        ("overrides", tuple(source.get("overrides", ()))),
-        ("config", repr(source.get("fingerprint", {}).get("config"))),
-        ("kv_mode", spec.get("kv_mode")),
-        ("ctx", spec.get("ctx")),
-        ("compression", spec.get("compression")),
+        ("source", spec.source.label),
+        ("overrides", tuple(spec.source.overrides)),
+        ("config", spec.source.config_json),
+        ("kv_mode", spec.kv_mode),
+        ("ctx", spec.ctx),
+        ("compression", spec.compression),
     )
 
 
@@ -161,34 +170,41 @@ def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
 
 def build_refs(root: str | Path | None = None) -> list[AnalysisRef]:
     out = []
-    for b in list_builds(root):
-        spec = b.get("spec", {})
-        path = Path(b["path"])
+    for a in list_builds(root):
+        if a.build is None:
+            continue
+        path = build_folder(a)
         package = path / PACKAGE_NAME
         out.append(AnalysisRef(
-            id=f"build:{b['key']}",
+            id=f"build:{a.build.key}",
             kind="build",
-            label=f"build · {describe_spec(spec)} · {b['key'].rsplit('-', 1)[-1]}",
+            label=f"build · {describe_spec(a.build.spec)} · {a.build.key.rsplit('-', 1)[-1]}",
             path=path,
-            variant=spec.get("variant"),
+            variant=a.build.spec.variant,
             package_path=package if package.is_dir() else None,
-            created=b.get("created", ""),
-            spec=_spec_fields(spec),
+            created=a.build.created,
+            spec=_spec_fields(a.build.spec),
         ))
     return out
 
 
-def package_ref(path: str | Path) -> AnalysisRef:
-    """A ``.mlpackage`` someone else built, analysed from its protobuf (no spec, no equivalence)."""
+def package_refs(path: str | Path) -> list[AnalysisRef]:
+    """A ``.mlpackage`` someone else built, analysed from its protobuf (no spec, no equivalence): one ref, or
+    one per function of a multi-function package."""
     p = Path(path).expanduser().resolve()
-    return AnalysisRef(id=f"package:{p}", kind="package", label=f"package · {p.name} · {p.parent}", path=p,
-                       variant=None, package_path=p)
+    functions = list_functions(p)
+    if len(functions) == 1:
+        return [AnalysisRef(id=f"package:{p}", kind="package", label=f"package · {p.name} · {p.parent}", path=p,
+                            variant=None, package_path=p)]
+    return [AnalysisRef(id=f"package:{p}#{fn}", kind="package",
+                        label=f"package · {p.name} · function {fn} · {p.parent}", path=p, variant=None,
+                        package_path=p, function=fn) for fn in functions]
 
 
 def catalog(root: str | Path | None = None, packages: tuple[str, ...] = (),
             folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
     """Shipped analyses first, then cached builds (newest first), then analysed packages."""
-    return [*shipped_refs(folder), *build_refs(root), *(package_ref(p) for p in packages)]
+    return [*shipped_refs(folder), *build_refs(root), *(r for p in packages for r in package_refs(p))]
 
 
 def default_pair(refs: list[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:

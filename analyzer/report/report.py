@@ -1,4 +1,5 @@
-"""The A/B headline (tiles, bytes, predicted speed, equivalence) and a one-file HTML report of it.
+"""A one-file HTML report of an A/B: the headline, every chart followed by its numbers, the tiles, and the
+bandwidth cross-check; and the zipping of small packages for download.
 
 The report is one HTML file a reviewer can open offline: plotly.js is embedded inline once (no CDN),
 every chart is followed by its numbers, and all text from analyses or logs is HTML-escaped. Pure: no
@@ -12,7 +13,7 @@ import math
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -21,136 +22,18 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, predicted_tok_per_s
-from analyzer.fmt import MB, MIB
-from analyzer.graph.accounting import CATEGORIES
-from analyzer.graph.diff import diff_documents
+from analyzer import fmt
+from analyzer.device.bandwidth import WRITEUP_AB_IPHONE
+from analyzer.graph.diff import diff_analyses
+from analyzer.graph.record import Analysis
 from analyzer.report import figures
-
-NO_RUNTIME_NOTE = (
-    "No Core ML runtime on Linux: no predict, no compute plan. The figures are static MIL analysis "
-    "(op records and tensor shapes of the saved program) and torch numerics; on a Mac, Core ML's "
-    "MLComputePlan would add per-op device placement and estimated cost, and predict would add Core ML outputs."
+from analyzer.report.bandwidth_figures import (
+    BandwidthCurve,
+    bandwidth_figure,
+    inferred_vs_graph_figure,
+    residual_figure,
 )
-UNITS_NOTE = "MiB = 2^20 bytes, MB = 10^6 bytes; bytes are logical bytes per decode token from MIL shapes."
-
-
-# ------------------------------------------------------------------------------------------------- headline
-@dataclass(frozen=True, slots=True)
-class EquivalenceSummary:
-    """The torch check of the two variants on one source: fp16 bit-identity, max |Δ logits|, greedy agreement."""
-
-    variant_a: str
-    variant_b: str
-    steps: int
-    fp16_bit_identical: bool | None
-    fp16_max_abs_diff: float | None
-    fp32_max_abs_diff: float | None
-    greedy_agree_steps: int | None  # the fewer of fp16's and fp32's agreeing steps
-
-
-def _comparable_spec(doc: dict[str, Any]) -> tuple[Any, ...] | None:
-    spec = doc.get("spec")
-    if not spec:
-        return None
-    source = spec.get("source", {})
-    return (repr(source.get("fingerprint")), spec.get("kv_mode"), spec.get("ctx"), spec.get("compression"))
-
-
-def equivalence_summary(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> EquivalenceSummary | None:
-    """The equivalence of A's and B's variants, when both are builds of the same source, KV mode, ctx and
-    compression (each build records every variant pair); None otherwise."""
-    spec_a, spec_b = _comparable_spec(doc_a), _comparable_spec(doc_b)
-    if spec_a is None or spec_a != spec_b:
-        return None
-    va, vb = doc_a["spec"]["variant"], doc_b["spec"]["variant"]
-    if va == vb:
-        return None
-    report = doc_a.get("equivalence") or doc_b.get("equivalence")
-    if not report:
-        return None
-    pairs = {p["dtype"]: p for p in report.get("pairs", []) if {p["variant_a"], p["variant_b"]} == {va, vb}}
-    if not pairs:
-        return None
-    fp16, fp32 = pairs.get("fp16"), pairs.get("fp32")
-    agree = [p["greedy_agree_steps"] for p in pairs.values()]
-    return EquivalenceSummary(
-        variant_a=va,
-        variant_b=vb,
-        steps=int(report.get("steps", max(p["steps"] for p in pairs.values()))),
-        fp16_bit_identical=None if fp16 is None else bool(fp16["bit_identical"]),
-        fp16_max_abs_diff=None if fp16 is None else float(fp16["max_abs_diff"]),
-        fp32_max_abs_diff=None if fp32 is None else float(fp32["max_abs_diff"]),
-        greedy_agree_steps=min(agree) if agree else None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ABHeadline:
-    """The numbers the A/B page leads with (bytes ints, bandwidth in bytes/s)."""
-
-    label_a: str
-    label_b: str
-    tiles_a: int
-    tiles_b: int
-    tile_bytes_a: int
-    tile_bytes_b: int
-    total_ops_a: int
-    total_ops_b: int
-    non_const_ops_a: int
-    non_const_ops_b: int
-    bytes_per_token_a: dict[str, int]
-    bytes_per_token_b: dict[str, int]
-    bw_bytes_per_s: float
-    tok_per_s_a: float
-    tok_per_s_b: float
-    equivalence: EquivalenceSummary | None = field(default=None)
-
-    @property
-    def speedup(self) -> float:
-        """Predicted B over A; with ``tok/s = BW ÷ bytes`` it is bytes_A ÷ bytes_B, whatever the BW."""
-        return self.tok_per_s_b / self.tok_per_s_a
-
-
-def ab_headline(doc_a: dict[str, Any], doc_b: dict[str, Any], *, bw_bytes_per_s: float,
-                label_a: str = "A", label_b: str = "B") -> ABHeadline:
-    sa, sb = doc_a["summary"], doc_b["summary"]
-    ba, bb = doc_a["bytes"]["bytes_per_token"], doc_b["bytes"]["bytes_per_token"]
-    return ABHeadline(
-        label_a=label_a,
-        label_b=label_b,
-        tiles_a=int(sa["tile_count"]),
-        tiles_b=int(sb["tile_count"]),
-        tile_bytes_a=int(sa["tile_output_bytes"]),
-        tile_bytes_b=int(sb["tile_output_bytes"]),
-        total_ops_a=int(sa["total_ops"]),
-        total_ops_b=int(sb["total_ops"]),
-        non_const_ops_a=int(sa["non_const_ops"]),
-        non_const_ops_b=int(sb["non_const_ops"]),
-        bytes_per_token_a={k: int(v) for k, v in ba.items()},
-        bytes_per_token_b={k: int(v) for k, v in bb.items()},
-        bw_bytes_per_s=float(bw_bytes_per_s),
-        tok_per_s_a=predicted_tok_per_s(bw_bytes_per_s, int(ba["total"])),
-        tok_per_s_b=predicted_tok_per_s(bw_bytes_per_s, int(bb["total"])),
-        equivalence=equivalence_summary(doc_a, doc_b),
-    )
-
-
-def headline_frame(h: ABHeadline) -> pd.DataFrame:
-    """The headline as rows (what, A, B): the report's first table and the A/B page's download."""
-    def row(what: str, a: Any, b: Any, unit: str) -> dict[str, Any]:
-        return {"what": what, "a": a, "b": b, "unit": unit}
-
-    rows = [
-        row("tile ops", h.tiles_a, h.tiles_b, "ops"),
-        row("tile output", h.tile_bytes_a, h.tile_bytes_b, "bytes"),
-        row("ops (with const)", h.total_ops_a, h.total_ops_b, "ops"),
-        row("ops (without const)", h.non_const_ops_a, h.non_const_ops_b, "ops"),
-        *(row(f"bytes per token: {c}", h.bytes_per_token_a[c], h.bytes_per_token_b[c], "bytes")
-          for c in (*CATEGORIES, "total")),
-        row("predicted tok/s", h.tok_per_s_a, h.tok_per_s_b, f"tok/s at {h.bw_bytes_per_s / MB:,.0f} MB/s"),
-    ]
-    return pd.DataFrame(rows, columns=["what", "a", "b", "unit"])
+from analyzer.report.headline import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, equivalence_text, headline_frame
 
 
 # ------------------------------------------------------------------------------------------------- HTML
@@ -158,10 +41,11 @@ def headline_frame(h: ABHeadline) -> pd.DataFrame:
 class BandwidthSection:
     """What the Bandwidth page shows, for the report: per-build rows, A/B pairs, curves and fit verdicts."""
 
-    builds: pd.DataFrame  # figures.bandwidth_frame
-    pairs: pd.DataFrame  # figures.pairs_frame
-    curves: tuple[figures.BandwidthCurve, ...]
+    builds: pd.DataFrame  # bandwidth_figures.bandwidth_frame
+    pairs: pd.DataFrame  # bandwidth_figures.pairs_frame
+    curves: tuple[BandwidthCurve, ...]
     verdicts: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()  # what the mapped analyses' graph bytes assume, one line each
 
 
 _CSS = """
@@ -221,25 +105,17 @@ def _kpi(label: str, value: str) -> str:
     return f'<div class="kpi"><div class="v">{html.escape(value)}</div><div class="l">{html.escape(label)}</div></div>'
 
 
-def _equivalence_text(eq: EquivalenceSummary | None) -> str:
-    if eq is None:
-        return "not available for this pair (equivalence is checked between variants of one source)"
-    fp16 = "bit-identical" if eq.fp16_bit_identical else f"max |Δ| {eq.fp16_max_abs_diff:.3g}"
-    return (f"torch, {eq.steps} decode steps: fp16 {fp16}; fp32 max |Δ logits| {eq.fp32_max_abs_diff:.3g}; "
-            f"greedy agreement {eq.greedy_agree_steps}/{eq.steps}")
-
-
-def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str = "A", label_b: str = "B",
+def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str = "B",
                  bw_bytes_per_s: float = WRITEUP_AB_IPHONE.bytes_per_s, bandwidth: BandwidthSection | None = None,
                  generated_at: datetime | None = None) -> str:
     """One self-contained HTML page: headline, charts with their tables, tiles, and the bandwidth check."""
-    h = ab_headline(doc_a, doc_b, bw_bytes_per_s=bw_bytes_per_s, label_a=label_a, label_b=label_b)
-    diff = diff_documents(doc_a, doc_b)
+    h = ab_headline(a, b, bw_bytes_per_s=bw_bytes_per_s, label_a=label_a, label_b=label_b)
+    diff = diff_analyses(a, b)
     fig = _Figures()
     when = (generated_at or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
-    versions = doc_a.get("versions") or {}
+    versions = a.build.versions if a.build else {}
     e = html.escape
-    ta, tb = h.bytes_per_token_a["total"], h.bytes_per_token_b["total"]
+    ta, tb = h.bytes_per_token_a.total, h.bytes_per_token_b.total
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>qfold A/B report: {e(label_a)} vs {e(label_b)}</title><style>{_CSS}</style></head><body>",
@@ -249,13 +125,14 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
         f"<p class='note'>{e(NO_RUNTIME_NOTE)}</p>",
         "<div class='kpis'>",
         _kpi("tile ops A → B", f"{h.tiles_a} → {h.tiles_b}"),
-        _kpi("tile output A → B", f"{h.tile_bytes_a / MIB:,.0f} → {h.tile_bytes_b / MIB:,.0f} MiB"),
-        _kpi("bytes per token A → B", f"{ta / MIB:,.0f} → {tb / MIB:,.0f} MiB"),
-        _kpi("bytes per token A → B (MB)", f"{ta / MB:,.0f} → {tb / MB:,.0f} MB"),
-        _kpi(f"predicted tok/s at {bw_bytes_per_s / MB:,.0f} MB/s", f"{h.tok_per_s_a:.2f} → {h.tok_per_s_b:.2f}"),
+        _kpi("tile output A → B", fmt.change(h.tile_bytes_a, h.tile_bytes_b, "MiB")),
+        _kpi("bytes per token A → B", fmt.change(ta, tb, "MiB")),
+        _kpi("bytes per token A → B (MB)", fmt.change(ta, tb, "MB")),
+        _kpi(f"predicted tok/s at {fmt.bandwidth(bw_bytes_per_s)}", f"{h.tok_per_s_a:.2f} → {h.tok_per_s_b:.2f}"),
         _kpi("predicted speedup B/A", f"{h.speedup:.2f}×"),
         "</div>",
-        f"<p><b>Equivalence:</b> {e(_equivalence_text(h.equivalence))}</p>",
+        *(f"<p class='note'><b>Assumed:</b> {e(note)}</p>" for note in h.assumptions),
+        f"<p><b>Equivalence:</b> {e(equivalence_text(h.equivalence))}</p>",
         f"<p class='meta'>{e(UNITS_NOTE)} Predicted tok/s = BW ÷ bytes per token.</p>",
         "<h2>Headline</h2>",
         _table(headline_frame(h)),
@@ -268,21 +145,22 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
     parts += ["<h2>Op counts</h2>", fig(figures.op_count_figure(ops, label_a, label_b)),
               "<p>Op types whose count changed:</p>", _table(changed), "<p>All op types:</p>", _table(ops)]
     parts.append("<h2>Tile ops</h2>")
-    for label, doc in ((label_a, doc_a), (label_b, doc_b)):
-        tiles = figures.tile_frame(doc)
+    for label, analysis in ((label_a, a), (label_b, b)):
+        tiles = figures.tile_frame(analysis)
         parts.append(f"<p><b>{e(label)}</b>: {len(tiles)} tile ops, "
                      f"{int(tiles['output_bytes'].sum()):,} bytes of output</p>")
         if len(tiles):
             parts.append(_table(tiles))
-    layers = figures.layer_frame(doc_a, doc_b, "A", "B")
+    layers = figures.layer_frame(a, b, "A", "B")
     parts += ["<h2>Bytes per token by layer</h2>", fig(figures.layer_figure(layers)), _table(layers)]
     if bandwidth is not None:
         parts += ["<h2>Bandwidth model: measured vs graph</h2>",
                   f"<p class='meta'>tok/s ≈ BW ÷ bytes per token. {e(UNITS_NOTE)}</p>",
-                  fig(figures.bandwidth_figure(bandwidth.builds, bandwidth.curves)),
+                  fig(bandwidth_figure(bandwidth.builds, bandwidth.curves)),
                   _table(bandwidth.builds),
-                  fig(figures.inferred_vs_graph_figure(bandwidth.builds)),
-                  fig(figures.residual_figure(bandwidth.builds))]
+                  fig(inferred_vs_graph_figure(bandwidth.builds)),
+                  fig(residual_figure(bandwidth.builds))]
+        parts += [f"<p class='note'><b>Assumed:</b> {e(note)}</p>" for note in bandwidth.assumptions]
         if len(bandwidth.pairs):
             parts += ["<p>A/B pairs (a = the build with more graph bytes):</p>", _table(bandwidth.pairs)]
         parts += [f"<p class='note'>{e(v)}</p>" for v in bandwidth.verdicts]
@@ -293,7 +171,7 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
 # ------------------------------------------------------------------------------------------------- packages
 MAX_DOWNLOAD_PACKAGE_BYTES = 200 * 1_000_000
 """Packages up to this size may be zipped and served through the browser; a download is held in server memory
-per session (design.md: a full-size package is ~2.5 GB, never push it that way)."""
+per session (a full-size package is ~2.5 GB: bench/results/full_size.json; never push it that way)."""
 
 
 def package_size_bytes(path: Path) -> int:

@@ -1,0 +1,146 @@
+"""How an analysed program was built, as its ``analysis.json`` stores it: the spec, the model geometry, tool
+versions, timings, memory, package size and the torch equivalence check. A ``.mlpackage`` made by another
+tool has none of it (``Analysis.build`` is None)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from analyzer.graph.jsonfields import Field
+from analyzer.model.equivalence import EquivalenceReport, PairResult, ReferenceCheck
+from analyzer.model.sources import AttentionGeometry, ModelSource, WeightFile
+
+SOURCE_KINDS = ("preset", "config", "folder")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSpec:
+    """What a build was made from (``analyzer.build.builds.BuildSpec`` is the live form that converts)."""
+
+    source: ModelSource
+    variant: str
+    kv_mode: str
+    ctx: int
+    compression: str | None  # canonical compression spec; None = fp16
+    equivalence_steps: int
+    extra: dict[str, Any] = field(default_factory=dict)  # fields a newer qfold wrote, kept as written
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.source
+        return {
+            "source": {"kind": s.kind, "ref": s.ref, "label": s.label, "overrides": list(s.overrides),
+                       "fingerprint": s.fingerprint()},
+            "variant": self.variant,
+            "kv_mode": self.kv_mode,
+            "ctx": self.ctx,
+            "compression": self.compression,
+            "equivalence_steps": self.equivalence_steps,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, f: Field) -> StoredSpec:
+        src = f["source"]
+        kind = src["kind"].str()
+        if kind not in SOURCE_KINDS:
+            src["kind"].fail(f"expected one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
+        fp = src["fingerprint"]
+        config = fp["config"]
+        config.dict()
+        weights = tuple(WeightFile(w[0].str(), w[1].count(), w[2].str())
+                        for w in (x.list(3) for x in fp["weights"].list()))
+        seed = fp["seed"].opt_int()
+        source = ModelSource(kind=kind, ref=src["ref"].str(), label=src["label"].str(),  # type: ignore[arg-type]
+                             config_json=json.dumps(config.value, sort_keys=True), overrides=src["overrides"].strs(),
+                             weights=weights, seed=seed if seed is not None else 0)
+        known = ("source", "variant", "kv_mode", "ctx", "compression", "equivalence_steps")
+        return cls(source, f["variant"].str(), f["kv_mode"].str(), f["ctx"].count(), f["compression"].opt_str(),
+                   f["equivalence_steps"].count(), {k: v.value for k, v in f.dict().items() if k not in known})
+
+
+def geometry_json(g: AttentionGeometry) -> dict[str, Any]:
+    return {"model_type": g.model_type, "num_layers": g.num_layers, "num_q_heads": g.num_q_heads,
+            "num_kv_heads": g.num_kv_heads, "head_dim": g.head_dim, "hidden_size": g.hidden_size,
+            "vocab_size": g.vocab_size, "group_size": g.group_size}
+
+
+def geometry_from_json(f: Field) -> AttentionGeometry:
+    g = AttentionGeometry(f["model_type"].str(), *(f[k].count() for k in (
+        "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size")))
+    if g.num_kv_heads == 0 or g.num_q_heads % g.num_kv_heads:
+        f["num_kv_heads"].fail(f"{g.num_q_heads} query heads are not a multiple of {g.num_kv_heads} KV heads")
+    return g
+
+
+def equivalence_json(report: EquivalenceReport) -> dict[str, Any]:
+    return asdict(report)
+
+
+def equivalence_from_json(f: Field) -> EquivalenceReport:
+    pairs = tuple(PairResult(p["variant_a"].str(), p["variant_b"].str(), p["dtype"].str(), p["steps"].count(),
+                             p["max_abs_diff"].number(), p["bit_identical"].bool(), p["greedy_agree_steps"].count())
+                  for p in f["pairs"].list())
+    r = f["reference"]
+    reference = ReferenceCheck(r["variant"].str(), r["max_abs_diff"].number(), r["max_abs_logit"].number(),
+                               r["greedy_agree_steps"].count(), r["steps"].count())
+    return EquivalenceReport(f["kv_mode"].str(), f["ctx"].count(), f["steps"].count(), f["tokens"].ints(), pairs,
+                             reference)
+
+
+# The top-level keys of a build's analysis.json that BuildInfo reads, in the order they are written.
+BUILD_KEYS = ("key", "created", "spec", "geometry", "versions", "timings", "peak_rss_bytes", "package_bytes",
+              "equivalence", "untied_embeddings")
+
+
+@dataclass(frozen=True, slots=True)
+class BuildInfo:
+    key: str
+    created: str  # ISO 8601, UTC, to the second
+    spec: StoredSpec
+    geometry: AttentionGeometry
+    versions: dict[str, str]  # package → version (qfold, torch, coremltools, transformers, numpy)
+    timings_s: dict[str, float]  # stage → seconds (build_model_s, convert_s, ..., total_s)
+    peak_rss_bytes: int  # of the conversion child process
+    package_bytes: int  # every file of the saved .mlpackage
+    equivalence: EquivalenceReport | None  # the torch check of the variants; None when a build skipped it
+    untied_embeddings: bool  # a tied embedding/lm_head was untied to take two compression schemes
+    extra: dict[str, Any] = field(default_factory=dict)  # top-level keys a newer qfold wrote, kept as written
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "created": self.created,
+            "spec": self.spec.to_json(),
+            "geometry": geometry_json(self.geometry),
+            "versions": dict(self.versions),
+            "timings": dict(self.timings_s),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "package_bytes": self.package_bytes,
+            "equivalence": None if self.equivalence is None else equivalence_json(self.equivalence),
+            "untied_embeddings": self.untied_embeddings,
+        }
+
+    @classmethod
+    def from_json(cls, f: Field, known: tuple[str, ...]) -> BuildInfo:
+        """Read the build keys of a document; ``known`` are the keys the analysis itself owns (not extra)."""
+        eq = f["equivalence"].optional()
+        return cls(
+            key=f["key"].str(),
+            created=f["created"].str(),
+            spec=StoredSpec.from_json(f["spec"]),
+            geometry=geometry_from_json(f["geometry"]),
+            versions={k: v.str() for k, v in f["versions"].dict().items()},
+            timings_s={k: _seconds(v) for k, v in f["timings"].dict().items()},
+            peak_rss_bytes=f["peak_rss_bytes"].count(),
+            package_bytes=f["package_bytes"].count(),
+            equivalence=None if eq is None else equivalence_from_json(eq),
+            untied_embeddings=f["untied_embeddings"].bool(),
+            extra={k: v.value for k, v in f.dict().items() if k not in (*BUILD_KEYS, *known)},
+        )
+
+
+def _seconds(f: Field) -> float:
+    f.number()  # finite, not a boolean
+    return f.value  # as written (an int stays an int)

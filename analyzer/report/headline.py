@@ -1,0 +1,156 @@
+"""The A/B headline: tiles, ops, bytes per token, predicted speed, the torch equivalence of the two variants,
+and what the byte figures assume. The A/B page leads with it and the HTML report opens with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from analyzer import fmt
+from analyzer.device.bandwidth import predicted_tok_per_s
+from analyzer.graph.accounting import CATEGORIES, BytesPerToken
+from analyzer.graph.record import Analysis
+from analyzer.report.assumptions import assumption_notes
+
+NO_RUNTIME_NOTE = (
+    "No Core ML runtime on Linux: no predict, no compute plan. The figures are static MIL analysis "
+    "(op records and tensor shapes of the saved program) and torch numerics; on a Mac, Core ML's "
+    "MLComputePlan would add per-op device placement and estimated cost, and predict would add Core ML outputs."
+)
+UNITS_NOTE = "MiB = 2^20 bytes, MB = 10^6 bytes; bytes are logical bytes per decode token from MIL shapes."
+
+
+@dataclass(frozen=True, slots=True)
+class EquivalenceSummary:
+    """The torch check of the two variants on one source: fp16 bit-identity, max |Δ logits|, greedy agreement."""
+
+    variant_a: str
+    variant_b: str
+    steps: int
+    fp16_bit_identical: bool | None
+    fp16_max_abs_diff: float | None
+    fp32_max_abs_diff: float | None
+    greedy_agree_steps: int | None  # the fewer of fp16's and fp32's agreeing steps
+
+
+def _comparable_spec(a: Analysis) -> tuple[Any, ...] | None:
+    if a.build is None:
+        return None
+    s = a.build.spec
+    return repr(s.source.fingerprint()), s.kv_mode, s.ctx, s.compression
+
+
+def equivalence_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
+    """The equivalence of A's and B's variants, when both are builds of the same source, KV mode, ctx and
+    compression (each build records every variant pair); None otherwise."""
+    spec_a, spec_b = _comparable_spec(a), _comparable_spec(b)
+    if spec_a is None or spec_a != spec_b or a.build is None or b.build is None:
+        return None
+    va, vb = a.build.spec.variant, b.build.spec.variant
+    report = a.build.equivalence or b.build.equivalence
+    if va == vb or report is None:
+        return None
+    pairs = {p.dtype: p for p in report.pairs if {p.variant_a, p.variant_b} == {va, vb}}
+    if not pairs:
+        return None
+    fp16, fp32 = pairs.get("fp16"), pairs.get("fp32")
+    return EquivalenceSummary(
+        variant_a=va,
+        variant_b=vb,
+        steps=report.steps,
+        fp16_bit_identical=None if fp16 is None else fp16.bit_identical,
+        fp16_max_abs_diff=None if fp16 is None else fp16.max_abs_diff,
+        fp32_max_abs_diff=None if fp32 is None else fp32.max_abs_diff,
+        greedy_agree_steps=min(p.greedy_agree_steps for p in pairs.values()),
+    )
+
+
+def equivalence_text(eq: EquivalenceSummary | None) -> str:
+    if eq is None:
+        return "not available for this pair (equivalence is checked between variants of one source)"
+    fp16 = "bit-identical" if eq.fp16_bit_identical else f"max |Δ| {eq.fp16_max_abs_diff:.3g}"
+    return (f"torch, {eq.steps} decode steps: fp16 {fp16}; fp32 max |Δ logits| {eq.fp32_max_abs_diff:.3g}; "
+            f"greedy agreement {eq.greedy_agree_steps}/{eq.steps}")
+
+
+@dataclass(frozen=True, slots=True)
+class ABHeadline:
+    """The numbers the A/B page leads with (bytes ints, bandwidth in bytes/s)."""
+
+    label_a: str
+    label_b: str
+    tiles_a: int
+    tiles_b: int
+    tile_bytes_a: int
+    tile_bytes_b: int
+    total_ops_a: int
+    total_ops_b: int
+    non_const_ops_a: int
+    non_const_ops_b: int
+    bytes_per_token_a: BytesPerToken
+    bytes_per_token_b: BytesPerToken
+    bw_bytes_per_s: float
+    tok_per_s_a: float
+    tok_per_s_b: float
+    equivalence: EquivalenceSummary | None = None
+    assumptions_a: tuple[str, ...] = field(default=())  # report.assumptions.assumption_notes
+    assumptions_b: tuple[str, ...] = field(default=())
+
+    @property
+    def speedup(self) -> float:
+        """Predicted B over A; with ``tok/s = BW ÷ bytes`` it is bytes_A ÷ bytes_B, whatever the BW."""
+        return self.tok_per_s_b / self.tok_per_s_a
+
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        """Every assumption of A and B, once, labelled with the side(s) it applies to."""
+        out = []
+        for note in dict.fromkeys((*self.assumptions_a, *self.assumptions_b)):
+            sides = [s for s, notes in (("A", self.assumptions_a), ("B", self.assumptions_b)) if note in notes]
+            out.append(f"{' and '.join(sides)}: {note}")
+        return tuple(out)
+
+
+def ab_headline(a: Analysis, b: Analysis, *, bw_bytes_per_s: float, label_a: str = "A",
+                label_b: str = "B") -> ABHeadline:
+    sa, sb = a.summary, b.summary
+    ta, tb = a.bytes_per_token, b.bytes_per_token
+    return ABHeadline(
+        label_a=label_a,
+        label_b=label_b,
+        tiles_a=sa.tile_count,
+        tiles_b=sb.tile_count,
+        tile_bytes_a=sa.tile_output_bytes,
+        tile_bytes_b=sb.tile_output_bytes,
+        total_ops_a=sa.total_ops,
+        total_ops_b=sb.total_ops,
+        non_const_ops_a=sa.non_const_ops,
+        non_const_ops_b=sb.non_const_ops,
+        bytes_per_token_a=ta,
+        bytes_per_token_b=tb,
+        bw_bytes_per_s=float(bw_bytes_per_s),
+        tok_per_s_a=predicted_tok_per_s(bw_bytes_per_s, ta.total),
+        tok_per_s_b=predicted_tok_per_s(bw_bytes_per_s, tb.total),
+        equivalence=equivalence_summary(a, b),
+        assumptions_a=assumption_notes(a),
+        assumptions_b=assumption_notes(b),
+    )
+
+
+def headline_frame(h: ABHeadline) -> pd.DataFrame:
+    """The headline as rows (what, A, B): the report's first table and the A/B page's download."""
+    def row(what: str, a: Any, b: Any, unit: str) -> dict[str, Any]:
+        return {"what": what, "a": a, "b": b, "unit": unit}
+
+    rows = [
+        row("tile ops", h.tiles_a, h.tiles_b, "ops"),
+        row("tile output", h.tile_bytes_a, h.tile_bytes_b, "bytes"),
+        row("ops (with const)", h.total_ops_a, h.total_ops_b, "ops"),
+        row("ops (without const)", h.non_const_ops_a, h.non_const_ops_b, "ops"),
+        *(row(f"bytes per token: {c}", h.bytes_per_token_a.get(c), h.bytes_per_token_b.get(c), "bytes")
+          for c in (*CATEGORIES, "total")),
+        row("predicted tok/s", h.tok_per_s_a, h.tok_per_s_b, f"tok/s at {fmt.bandwidth(h.bw_bytes_per_s)}"),
+    ]
+    return pd.DataFrame(rows, columns=["what", "a", "b", "unit"])
