@@ -1,0 +1,448 @@
+"""Sweeps: models × compression × variant × ctx (× phase, once prefill exists), built on Ray, one row per point.
+
+A sweep is the grid of ``SweepPoint`` s spanned by its dimensions (``DIMENSIONS``, one entry per axis: adding
+``phase`` is one ``Dimension`` here plus its field on ``SweepPoint``). Each point is an ordinary build
+(``BuildSpec``, same content-hashed key as ``python -m analyzer build``), so a sweep and single builds share
+``builds/``:
+
+    driver                                  Ray worker (local in-process cluster, or --address)
+    ──────                                  ──────────
+    spec → points → BuildSpec (key)
+    key already in builds/?  → "reused"
+    else submit, memory = estimate    ──►   run_build(spec, <worker scratch>/<task>)   (child process)
+                                      ◄──   analysis.json + build.log as text (no weights)
+    write builds/<key>/ atomically          scratch folder (with the .mlpackage) removed
+    row: tiles, bytes_<category>, predicted tok/s
+
+Why the analysis travels back instead of the worker writing into the driver's ``builds/``: on a cluster the
+worker has no access to the driver's disk, and one code path for laptop and cluster is the point (the same sweep
+with no change but ``--address``). The package (≈ 2.5 GB at full size) stays behind: a sweep is about analyses.
+A build folder made by a sweep therefore holds ``analysis.json`` and ``build.log`` but no ``model.mlpackage``,
+like the shipped analyses; every view works from the analysis alone. Each task converts in its own scratch
+folder, so ``run_build``'s machine-wide conversion lock (which is per builds folder) does not serialise the
+sweep: Ray's ``memory`` resource does the admission instead (``build_memory_bytes``), so a 16 GB worker never
+takes two full-size builds. The torch equivalence check, which depends on the source, KV mode and ctx but not on
+the variant or compression, is cached in one folder per host (the driver's ``builds/.equivalence`` when the
+worker runs on the driver's host), as ``run_build`` caches it for single builds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from analyzer.build.builds import LOG_FILE, BuildSpec, builds_dir, is_complete
+from analyzer.device.sweep_spec import NO_COMPRESSION, SweepError, SweepPoint, SweepSpec
+from analyzer.device.sweep_table import SweepRow, finished_row
+from analyzer.errors import QfoldError
+from analyzer.graph.record import ANALYSIS_FILE
+
+# ------------------------------------------------------------------------------------------------- memory
+MATERIALISED_BYTES_PER_PARAM = 11
+"""Peak RSS per parameter of a materialised build (fp32 torch weights, the traced copy and coremltools' fp16
+consts at once). design.md: the full-size EXAONE 4.0 1.2B build (weight.bin 2.56 GB fp16 → 1.28·10^9 parameters)
+peaked at 14.7 GB, (14.7 − 0.6) GB / 1.28·10^9 ≈ 11 bytes per parameter."""
+PROCESS_BASE_BYTES = 600_000_000
+"""Python + torch + coremltools before any weight: a 2-layer tiny build peaked at 0.51 GB on this machine."""
+KV_COPIES = 4
+"""The fp16 KV buffers exist in torch, in the traced graph and as Core ML state during conversion: count 4."""
+BYTES_PER_PARAM_BY_MODE: Mapping[str, float] = MappingProxyType({"materialised": MATERIALISED_BYTES_PER_PARAM})
+"""Per build mode (#10's value-free analysis builds add their measured figure here); unknown modes are costed as
+materialised, which only ever over-reserves."""
+
+
+def parameter_count(source) -> int:
+    """Exact parameter count of a source's causal LM, built on the meta device (no memory, ~1 s)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from analyzer.model.sources import load_config
+
+    config = load_config(source)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_memory_bytes(spec: BuildSpec, n_params: int) -> int:
+    """Peak memory one conversion of ``spec`` is expected to take: the Ray ``memory`` it reserves."""
+    from analyzer.model.sources import geometry_of, load_config
+
+    g = geometry_of(load_config(spec.source))
+    mode = getattr(spec, "mode", "materialised")  # BuildSpec gains a build mode with #10
+    per_param = BYTES_PER_PARAM_BY_MODE.get(mode, MATERIALISED_BYTES_PER_PARAM)
+    kv = 2 * g.num_layers * g.num_kv_heads * spec.ctx * g.head_dim * 2  # K and V, fp16
+    return int(PROCESS_BASE_BYTES + per_param * n_params + KV_COPIES * kv)
+
+# ------------------------------------------------------------------------------------------------- the worker
+def _scratch_base() -> Path:
+    return Path(os.environ.get("QFOLD_SWEEP_SCRATCH") or Path(tempfile.gettempdir()) / "qfold-sweep")
+
+
+def build_on_worker(spec_json: dict[str, Any], driver_host: str, driver_equivalence: str,
+                    progress=None) -> dict[str, Any]:
+    """The Ray task: one ``run_build`` in a scratch folder of this host; returns the analysis and log as text.
+
+    Never raises for a failed build: the error travels back as ``{"error": ...}`` so the driver keeps the rest.
+    """
+    from analyzer.build.builds import run_build
+
+    host = socket.gethostname()
+    t0 = time.monotonic()
+    spec = BuildSpec.from_json(spec_json)
+    base = _scratch_base()
+    base.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="task-", dir=base))
+    same_host = host == driver_host and Path(driver_equivalence).parent.is_dir()
+    shared_equivalence = Path(driver_equivalence) if same_host else base / ".equivalence"
+    try:
+        shared_equivalence.mkdir(parents=True, exist_ok=True)
+        (root / ".equivalence").symlink_to(shared_equivalence, target_is_directory=True)
+
+        def on_progress(p) -> None:
+            if progress is not None:
+                try:
+                    progress.put_nowait((spec_json["_point"], p.fraction, p.stage, p.message))
+                except Exception:  # a full or closed progress queue must never fail the build
+                    pass
+
+        result = run_build(spec, root, on_progress=on_progress)
+        return {"key": result.key, "host": host, "seconds": time.monotonic() - t0,
+                "analysis": (result.path / ANALYSIS_FILE).read_text(encoding="utf-8"),
+                "log": (result.path / LOG_FILE).read_text(encoding="utf-8", errors="replace")}
+    except QfoldError as e:
+        return {"key": spec.key, "host": host, "seconds": time.monotonic() - t0, "error": str(e)}
+    except Exception as e:  # anything else is still one failed point, reported, not a dead sweep
+        return {"key": spec.key, "host": host, "seconds": time.monotonic() - t0,
+                "error": f"{type(e).__name__}: {e}"[:500]}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def store_analysis(root: Path, key: str, analysis_text: str, log_text: str) -> Path:
+    """Write a shipped-back analysis into ``root/<key>/`` the way a build finishes: into ``.tmp-<key>-<pid>``, then
+    one rename, under the build's key lock. An existing finished build wins (it is identical by key)."""
+    from filelock import FileLock
+
+    final = root / key
+    try:
+        doc = json.loads(analysis_text)
+    except json.JSONDecodeError as e:
+        raise SweepError(f"build {key}: the worker sent an analysis that is not JSON ({e.msg})") from e
+    if doc.get("key") != key:
+        raise SweepError(f"build {key}: the worker built {doc.get('key')!r}; its tool versions differ from the "
+                         "driver's (the key hashes them): install the same versions on every node")
+    (root / ".locks").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / ".locks" / f"{key}.lock")):
+        if is_complete(final):
+            return final
+        tmp = root / f".tmp-{key}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            (tmp / ANALYSIS_FILE).write_text(analysis_text, encoding="utf-8")
+            (tmp / LOG_FILE).write_text(log_text, encoding="utf-8")
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+# ------------------------------------------------------------------------------------------------- Ray
+@dataclass(frozen=True, slots=True)
+class RayOptions:
+    address: str | None = None  # None: a local cluster started in-process
+    num_cpus: int | None = None  # local cluster only (default: all cores)
+    memory_bytes: int | None = None  # local cluster only: the schedulable memory (default: Ray's estimate)
+    object_store_bytes: int = 200 * 2**20  # local cluster only: analyses are small
+
+
+def _runtime_env(address: str | None) -> dict[str, Any]:
+    """Workers must import this ``analyzer``: a local cluster shares the disk (PYTHONPATH); a remote one gets
+    the package uploaded (``py_modules``)."""
+    import analyzer
+
+    package = Path(analyzer.__file__).resolve().parent
+    if address:
+        return {"py_modules": [str(package)]}
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent),
+                                                                   os.environ.get("PYTHONPATH")]))}}
+
+
+@contextmanager
+def ray_session(options: RayOptions) -> Iterator[Any]:
+    """Connect to (or start) Ray for the sweep; shut down only what this call started."""
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                                      runtime_env=_runtime_env(options.address), ignore_reinit_error=True)
+        if options.address:
+            kwargs["address"] = options.address
+        else:
+            kwargs.update(num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes)
+            if options.memory_bytes:
+                kwargs["_memory"] = options.memory_bytes
+        try:
+            ray.init(**kwargs)
+        except Exception as e:  # ConnectionError, RuntimeError: one line, not a Ray traceback
+            where = options.address or "a local cluster"
+            raise SweepError(f"cannot start Ray on {where}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        started = True
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def largest_node_memory(ray) -> int:
+    sizes = [int(n["Resources"].get("memory", 0)) for n in ray.nodes() if n.get("Alive")]
+    return max(sizes, default=0)
+
+
+# ------------------------------------------------------------------------------------------------- the run
+@dataclass(frozen=True, slots=True)
+class SweepEvent:
+    """What the driver reports while it runs: a row changed (``row``), or a line of news (``message``)."""
+
+    rows: tuple[SweepRow, ...]
+    row: SweepRow | None = None
+    message: str = ""
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(("pending", "running", "built", "reused", "failed"), 0)
+        for r in self.rows:
+            out[r.status] += 1
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    rows: tuple[SweepRow, ...]
+    root: Path
+    used_ray: bool
+    seconds: float
+
+    @property
+    def n_built(self) -> int:
+        return sum(r.status == "built" for r in self.rows)
+
+    @property
+    def n_reused(self) -> int:
+        return sum(r.status == "reused" for r in self.rows)
+
+    @property
+    def n_failed(self) -> int:
+        return sum(r.status == "failed" for r in self.rows)
+
+    @property
+    def ok(self) -> bool:
+        return self.n_failed == 0
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Driver-side resolution of a point: its BuildSpec (or why it has none) and its reserved memory."""
+
+    row: SweepRow
+    spec: BuildSpec | None = None
+    memory_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_points(spec: SweepSpec, points: Sequence[SweepPoint]) -> list[_Plan]:
+    """Resolve every point to a BuildSpec on the driver. A point that cannot be resolved (bad model, bad
+    compression spec, ctx below the equivalence steps) becomes a failed row; the others are kept."""
+    from analyzer.build.compress import canonical_spec
+    from analyzer.model.sources import STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
+
+    overrides = (list(STRUCTURE_OVERRIDES) if spec.structure else []) + list(spec.overrides)
+    sources: dict[str, Any] = {}
+    params: dict[str, int] = {}
+    plans = []
+    for point in points:
+        row = SweepRow(point, "pending", structure=spec.structure, kv_mode=spec.kv_mode)
+        try:
+            if point.model not in sources:
+                try:
+                    sources[point.model] = resolve_source(point.model, overrides, seed=spec.seed)
+                except QfoldError as e:
+                    sources[point.model] = e
+            source = sources[point.model]
+            if isinstance(source, QfoldError):
+                raise source
+            compression = None
+            if point.compression != NO_COMPRESSION:
+                compression = canonical_spec(point.compression, geometry_of(load_config(source)).num_layers)
+            build = BuildSpec(source, point.variant, spec.kv_mode, point.ctx, compression, spec.equivalence_steps)
+            if point.model not in params:
+                params[point.model] = parameter_count(source)
+            plans.append(_Plan(replace(row, key=build.key, model_label=source.label), build,
+                               build_memory_bytes(build, params[point.model])))
+        except QfoldError as e:
+            plans.append(_Plan(replace(row, status="failed", error=str(e), stage="spec")))
+    return plans
+
+
+def equivalence_groups(specs: Sequence[BuildSpec]) -> list[list[int]]:
+    """Indices of ``specs`` grouped by what the conversion's equivalence check depends on: everything in the
+    build's fingerprint but the variant and the compression (``analyzer.build.convert._equivalence``)."""
+    groups: dict[str, list[int]] = {}
+    for i, spec in enumerate(specs):
+        fingerprint = {k: v for k, v in spec.fingerprint().items() if k not in ("variant", "compression")}
+        groups.setdefault(json.dumps(fingerprint, sort_keys=True), []).append(i)
+    return list(groups.values())
+
+
+def run_sweep(spec: SweepSpec, root: str | Path | None = None, *, points: Sequence[SweepPoint] | None = None,
+              ray_options: RayOptions = RayOptions(), profile=None,
+              on_event: Callable[[SweepEvent], None] | None = None) -> SweepResult:
+    """Build every point not already in ``root`` (``--builds-dir`` / ``$QFOLD_BUILDS`` / ``builds/``) on Ray and
+    return one row per point. ``points`` defaults to the spec's grid (a caller may add or drop points)."""
+    from analyzer.device.profiles import DEFAULT_PROFILE, get_profile
+
+    t0 = time.monotonic()
+    root = builds_dir(root)
+    profile = profile or get_profile(spec.device or DEFAULT_PROFILE)
+    plans = plan_points(spec, spec.points() if points is None else points)
+    rows: list[SweepRow] = [p.row for p in plans]
+
+    def emit(row: SweepRow | None = None, message: str = "") -> None:
+        if on_event is not None:
+            on_event(SweepEvent(tuple(rows), row, message))
+
+    def settle(i: int, row: SweepRow) -> None:
+        rows[i] = row
+        emit(row)
+
+    todo = []
+    for i, plan in enumerate(plans):
+        if plan.spec is None:
+            continue
+        final = root / plan.row.key
+        if is_complete(final):
+            try:
+                settle(i, finished_row(replace(plan.row, status="reused"), final, profile))
+            except (QfoldError, KeyError, ValueError) as e:
+                settle(i, replace(plan.row, status="failed", error=f"{final}: unreadable analysis ({e})"))
+        else:
+            todo.append(i)
+    reused = sum(r.status == "reused" for r in rows)
+    emit(message=f"{len(rows)} points: {reused} already built, {len(todo)} to build, "
+                 f"{sum(r.status == 'failed' for r in rows)} invalid")
+    if not todo:
+        return SweepResult(tuple(rows), root, False, time.monotonic() - t0)
+
+    root.mkdir(parents=True, exist_ok=True)
+    equivalence = root / ".equivalence"
+    equivalence.mkdir(exist_ok=True)
+    with ray_session(ray_options) as ray:
+        from ray.util.queue import Queue
+
+        capacity = largest_node_memory(ray)
+        task = ray.remote(num_cpus=1, max_retries=0)(build_on_worker)
+        queue = Queue(actor_options={"num_cpus": 0})
+        where = ray_options.address or f"local Ray, {int(ray.cluster_resources().get('CPU', 0))} CPUs"
+        emit(message=f"building {len(todo)} points on {where}")
+        pending: dict[Any, int] = {}
+
+        def submit(i: int) -> None:
+            plan = plans[i]
+            memory = plan.memory_bytes
+            if capacity and memory > capacity:
+                emit(message=f"{plan.row.point.describe()}: needs ~{memory / 1e9:.1f} GB, more than the largest "
+                             f"node's {capacity / 1e9:.1f} GB schedulable memory; it takes a whole node")
+                memory = capacity
+            payload = {**plan.spec.to_json(), "_point": i}
+            ref = task.options(memory=memory).remote(payload, socket.gethostname(), str(equivalence), queue)
+            pending[ref] = i
+            rows[i] = replace(plan.row, memory_bytes=plan.memory_bytes, stage="queued")
+
+        # The first point of each equivalence group goes first; the rest follow when it is done, so the torch
+        # equivalence check (shared by every variant and compression of a source, KV mode and ctx) runs once.
+        followers: dict[int, list[int]] = {}
+        for group in equivalence_groups([plans[i].spec for i in todo]):
+            leader, *rest = (todo[j] for j in group)
+            followers[leader] = rest
+            submit(leader)
+        emit(message="submitted")
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            while not queue.empty():
+                try:
+                    i, _fraction, stage, message = queue.get_nowait()
+                except Exception:
+                    break
+                if rows[i].status in ("pending", "running"):
+                    settle(i, replace(rows[i], status="running", stage=f"{stage}: {message}"[:200]))
+            for ref in ready:
+                i = pending.pop(ref)
+                settle(i, _collect(ray, ref, rows[i], root, profile))
+                for j in followers.pop(i, ()):
+                    submit(j)
+        try:
+            ray.kill(queue.actor)
+        except Exception:
+            pass
+    return SweepResult(tuple(rows), root, True, time.monotonic() - t0)
+
+
+def _collect(ray, ref, row: SweepRow, root: Path, profile) -> SweepRow:
+    try:
+        out = ray.get(ref)
+    except Exception as e:  # RayTaskError, WorkerCrashedError, OutOfMemoryError: this point only
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return replace(row, status="failed", error=f"{type(e).__name__}: {first}"[:500], stage="ray")
+    row = replace(row, host=out.get("host", ""), seconds=float(out.get("seconds", 0.0)))
+    if "error" in out:
+        return replace(row, status="failed", error=out["error"], stage="build")
+    try:
+        final = store_analysis(root, row.key, out["analysis"], out["log"])
+        return finished_row(replace(row, status="built"), final, profile)
+    except (QfoldError, OSError, KeyError, ValueError) as e:
+        return replace(row, status="failed", error=str(e), stage="store")
+
+
+def describe_progress(event: SweepEvent, width: int = 24) -> str:
+    """One stderr line: a bar over the finished points, the counts, and what changed."""
+    c = event.counts()
+    n = len(event.rows)
+    done = c["built"] + c["reused"] + c["failed"]
+    filled = round(width * done / n) if n else width
+    bar = "#" * filled + "." * (width - filled)
+    head = (f"[{bar}] {done}/{n} · {c['built']} built, {c['reused']} reused, {c['failed']} failed, "
+            f"{c['running']} running")
+    if event.row is not None:
+        r = event.row
+        tail = r.status if r.status != "running" else r.stage
+        if r.status == "failed":
+            tail = f"FAILED: {r.error}"
+        elif r.status == "built":
+            tail = f"built in {r.seconds:.0f} s"
+        return f"{head} | {r.point.describe()}: {tail}"
+    return f"{head} | {event.message}"
+
+
+def progress_printer(stream=None) -> Callable[[SweepEvent], None]:
+    stream = sys.stderr if stream is None else stream
+
+    def show(event: SweepEvent) -> None:
+        print(describe_progress(event), file=stream, flush=True)
+
+    return show
+
