@@ -55,8 +55,9 @@ consts at once). design.md: the full-size EXAONE 4.0 1.2B build (weight.bin 2.56
 peaked at 14.7 GB, (14.7 − 0.6) GB / 1.28·10^9 ≈ 11 bytes per parameter."""
 PROCESS_BASE_BYTES = 600_000_000
 """Python + torch + coremltools before any weight: a 2-layer tiny build peaked at 0.51 GB on this machine."""
-KV_COPIES = 4
-"""The fp16 KV buffers exist in torch, in the traced graph and as Core ML state during conversion: count 4."""
+KV_COPIES = 1
+"""The fp16 KV buffers of the decode step (K and V per layer at ctx). design.md's structure build (30 layers,
+ctx 4096: 251 MB of KV, ~52·10^6 parameters) peaked at ≈ 1 GB, so no more than one copy is live at the peak."""
 BYTES_PER_PARAM_BY_MODE: Mapping[str, float] = MappingProxyType({"materialised": MATERIALISED_BYTES_PER_PARAM})
 """Per build mode (#10's value-free analysis builds add their measured figure here); unknown modes are costed as
 materialised, which only ever over-reserves."""
@@ -176,10 +177,11 @@ def _runtime_env(address: str | None) -> dict[str, Any]:
     import analyzer
 
     package = Path(analyzer.__file__).resolve().parent
+    scratch = {"QFOLD_SWEEP_SCRATCH": os.environ["QFOLD_SWEEP_SCRATCH"]} if "QFOLD_SWEEP_SCRATCH" in os.environ else {}
     if address:
-        return {"py_modules": [str(package)]}
-    return {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent),
-                                                                   os.environ.get("PYTHONPATH")]))}}
+        return {"py_modules": [str(package)], "env_vars": scratch}
+    path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
+    return {"env_vars": {"PYTHONPATH": path, **scratch}}
 
 
 @contextmanager
