@@ -1,0 +1,135 @@
+"""The device model on synthetic logs made with plain arithmetic here (not with the fitting code).
+
+The graphs mimic EXAONE 4.0 1.2B (30 layers, 8 KV heads, head_dim 64, group 4; design.md): per decode token
+kv_read = 2·30·8·64·2 B = 61,440 B per ctx slot, the 60 repeat_kv tiles write and re-read 491,520 B per slot,
+kv_write is one slot (61,440 B), weights depend on the compression only, activations are affine in ctx and the
+same for both variants, and repeat_kv has 120 more non-const ops than Q-fold.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analyzer.device.model import GraphPoint, Observation, fit_device_model, select_graphs
+
+CTXS = (512, 1024, 2048, 4096, 8192)
+WEIGHTS = {"fp16": 2_560_000_000, "top8": 900_000_000, "int4": 700_000_000}
+OPS = {"repeat_kv": 2_303, "qfold": 2_183}
+
+
+def graph(variant: str, compression: str, ctx: int) -> GraphPoint:
+    b = {
+        "weights": WEIGHTS[compression],
+        "kv_read": 61_440 * ctx,
+        "kv_write": 61_440,
+        "replication": 491_520 * ctx if variant == "repeat_kv" else 0,
+        "activations": 1_000_000 + 1_000 * ctx,
+    }
+    return GraphPoint(f"{variant}-{compression}-ctx{ctx}", tuple(b.items()), OPS[variant], ctx)
+
+
+def seconds(g: GraphPoint, *, bw_weights: float, bw_kv: float, tau: float, t0: float) -> float:
+    """The known device model, written out: weights at one bandwidth, every other byte at another."""
+    b = dict(g.bytes)
+    other = b["kv_read"] + b["kv_write"] + b["replication"] + b["activations"]
+    return b["weights"] / bw_weights + other / bw_kv + g.n_ops * tau + t0
+
+
+TRUTH = {"bw_weights": 60e9, "bw_kv": 90e9, "tau": 2e-6, "t0": 1.5e-3}
+
+
+def logs(variants, compressions, *, truth=TRUTH, noise=0.0, seed=0, graph_of=graph):
+    rng = np.random.default_rng(seed)
+    obs, graphs = [], []
+    for v in variants:
+        for c in compressions:
+            for ctx in CTXS:
+                g = graph_of(v, c, ctx)
+                t = seconds(g, **truth) * (1.0 + noise * rng.standard_normal())
+                obs.append(Observation("M1 Max", f"{v}-{c}", t, 1, ctx))
+                graphs.append(g)
+    return obs, graphs
+
+
+def estimates(fit) -> dict[str, tuple[float, float]]:
+    return {t.name: (t.value, t.value_se) for t in fit.terms}
+
+
+def expected() -> dict[str, float]:
+    # kv_write is the same in every row, so its time (61,440 B / BW_kv) can only show up inside t0
+    return {"weights": TRUTH["bw_weights"], "kv_read": TRUTH["bw_kv"], "replication": TRUTH["bw_kv"],
+            "ops": TRUTH["tau"], "t0": TRUTH["t0"] + 61_440 / TRUTH["bw_kv"]}
+
+
+def test_noise_free_fit_recovers_every_parameter_within_one_percent():
+    obs, graphs = logs(("repeat_kv", "qfold"), WEIGHTS)
+    fit = fit_device_model(obs, graphs, device="M1 Max")
+    got = estimates(fit)
+    assert set(got) == set(expected())
+    for name, truth in expected().items():
+        assert got[name][0] == pytest.approx(truth, rel=0.01), name
+    notes = {n.name: n for n in fit.notes}
+    assert notes["kv_write"].status == "not identifiable" and notes["kv_write"].into == "t0"
+    assert notes["activations"].into == "kv_read"  # affine in ctx: pooled with the KV stream
+    assert fit.rms_residual_pct < 1e-6 and fit.rank == 5 and fit.degrees_of_freedom == 30 - 5
+    assert fit.physical and "kv_write" in fit.verdict
+
+
+def test_with_three_percent_noise_every_parameter_is_within_three_standard_errors():
+    obs, graphs = logs(("repeat_kv", "qfold"), WEIGHTS, noise=0.03, seed=7)
+    fit = fit_device_model(obs, graphs)
+    for name, truth in expected().items():
+        value, se = estimates(fit)[name]
+        assert math.isfinite(se) and se > 0
+        assert abs(value - truth) < 3 * se, (name, value, truth, se)
+    assert 1.5 < fit.sigma_pct < 4.5  # the noise it was given, estimated back
+    assert fit.loo_rms_pct > fit.rms_residual_pct  # held-out error is the honest one
+    assert len(fit.residuals) == 30 and all(0 < r.leverage < 1 for r in fit.residuals)
+
+
+@pytest.mark.parametrize("truth_variant", ["repeat_kv", "qfold"])
+def test_selection_picks_the_graph_the_logs_came_from(truth_variant):
+    shared = {"bw_weights": 70e9, "bw_kv": 70e9, "tau": 0.0, "t0": 2e-3}
+    obs, _ = logs((truth_variant,), WEIGHTS, truth=shared, noise=0.03, seed=3)
+    rows = [(c, ctx) for c in WEIGHTS for ctx in CTXS]
+    candidates = {v: [graph(v, c, ctx) for c, ctx in rows] for v in ("repeat_kv", "qfold")}
+    sel = select_graphs(obs, candidates, device="M1 Max")
+    assert sel.best == truth_variant, sel.verdict
+    by_set = {c.term_set: c for c in sel.comparisons}
+    assert by_set["shared"].best == truth_variant and by_set["shared"].margin > 3
+    # with a free KV bandwidth, copies ∝ ctx look exactly like slower KV reads: said, not guessed
+    assert by_set["per-category"].best is None
+    assert ("repeat_kv", "qfold") in by_set["per-category"].indistinguishable
+    assert "cannot be told apart" in by_set["per-category"].verdict
+
+
+def test_a_sweep_that_cannot_separate_terms_says_so():
+    obs, graphs = logs(("qfold",), ("fp16",))  # ctx varies, compression does not
+    fit = fit_device_model(obs, graphs)
+    notes = {n.name: n for n in fit.notes}
+    assert notes["weights"].status == "not identifiable" and notes["weights"].into == "t0"
+    assert notes["ops"].status == "not identifiable"
+    assert notes["replication"].status == "absent"
+    assert {t.name for t in fit.terms} == {"t0", "kv_read"}
+    assert "not identifiable from these logs: weights" in fit.verdict
+    # and with ctx fixed instead, the KV terms cannot be told from t0
+    obs2, graphs2 = [], []
+    for c in WEIGHTS:
+        g = graph("qfold", c, 4096)
+        obs2.append(Observation("d", c, seconds(g, **TRUTH)))
+        graphs2.append(g)
+    fit2 = fit_device_model(obs2, graphs2)
+    assert {n.name for n in fit2.notes if n.status == "not identifiable"} >= {"kv_read", "ops", "kv_write"}
+
+
+def test_bad_inputs_are_rejected():
+    g = graph("qfold", "fp16", 512)
+    with pytest.raises(ValueError, match="one graph per observation"):
+        fit_device_model([Observation("d", "b", 0.01)], [g, g])
+    with pytest.raises(ValueError, match="finite number > 0"):
+        fit_device_model([Observation("d", "b", 0.0)], [g])
+    with pytest.raises(ValueError, match="two hypotheses"):
+        select_graphs([Observation("d", "b", 0.01)], {"a": [g]})
