@@ -133,3 +133,61 @@ def test_bad_inputs_are_rejected():
         fit_device_model([Observation("d", "b", 0.0)], [g])
     with pytest.raises(ValueError, match="two hypotheses"):
         select_graphs([Observation("d", "b", 0.01)], {"a": [g]})
+
+
+# ------------------------------------------------------------------------------------------------- logs + sweep table
+def _table_rows():
+    rows = []
+    for v in ("repeat_kv", "qfold"):
+        for c in WEIGHTS:
+            for ctx in CTXS:
+                g = graph(v, c, ctx)
+                b = dict(g.bytes)
+                rows.append({"model": "exaone", "model_label": "exaone", "compression": c, "variant": v, "ctx": ctx,
+                             "key": g.label, "status": "built", "tile_count": 60 if v == "repeat_kv" else 0,
+                             "non_const_ops": g.n_ops, **{f"bytes_{k}": x for k, x in b.items()},
+                             "bytes_total": sum(b.values())})
+    return rows
+
+
+def test_runs_are_averaged_as_seconds_per_token_and_conditions_never_pooled():
+    from analyzer.device.logs import Measurement
+    from analyzer.device.model_report import observations_from
+
+    runs = [Measurement("f", 2, "d", "b", 10.0, context_length=512), Measurement("f", 3, "d", "b", 30.0,
+                                                                                 context_length=512),
+            Measurement("f", 4, "d", "b", 30.0, context_length=1024),
+            Measurement("f", 5, "d", "b", 30.0, context_length=512, compute_units="cpuAndGPU")]
+    obs = {(o.context_length, o.n_runs): o for o in observations_from(runs)}
+    assert len(obs) == 3
+    assert obs[(512, 2)].tok_per_s == pytest.approx(15.0)  # 1 / mean(0.1 s, 0.0333 s), not mean(10, 30) = 20
+
+
+def test_fit_cli_shows_the_device_model_and_the_selection(tmp_path, capsys):
+    import json
+
+    from analyzer.cli import main
+
+    table = tmp_path / "sweep.json"
+    table.write_text(json.dumps(_table_rows()))
+    shared = {"bw_weights": 70e9, "bw_kv": 70e9, "tau": 0.0, "t0": 2e-3}
+    rng = np.random.default_rng(1)
+    lines = ["device,build,tok_per_s,context_length"]
+    for c in WEIGHTS:
+        for ctx in CTXS:
+            t = seconds(graph("repeat_kv", c, ctx), **shared) * (1 + 0.02 * rng.standard_normal())
+            lines.append(f"M1 Max,exaone-{c},{1 / t:.4f},{ctx}")
+    lines.append("M1 Max,exaone-fp16,20.0,3000")  # a context_length no build has
+    log = tmp_path / "log.csv"
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["fit", str(log), "--sweep", str(table)]) == 0
+    text = capsys.readouterr().out
+    assert "Device model on M1 Max" in text and "variant=repeat_kv explains the measurements better" in text
+    assert "context_length 3000 differs from every mapped build's ctx" in text
+    assert main(["fit", str(log), "--sweep", str(table), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    device = payload["device_model"]["devices"][0]
+    assert device["selection"]["best"] == "variant=repeat_kv"
+    assert {f["hypothesis"] for f in device["fits"]} == {"variant=repeat_kv", "variant=qfold"}
+    assert main(["fit", str(log), "--sweep", str(table), "--map", "exaone-fp16=colour:red"]) == 2
+    assert "no column(s) colour" in capsys.readouterr().err
