@@ -448,3 +448,51 @@ def progress_printer(stream=None) -> Callable[[SweepEvent], None]:
 
     return show
 
+
+
+class SweepJob:
+    """A sweep run from the dashboard in a daemon thread; ``snapshot()`` gives the live rows for a page render.
+    The thread only drives Ray (the builds are Ray tasks and child processes), so no page waits for it."""
+
+    def __init__(self, spec: SweepSpec, root: str | Path | None = None, *, ray_options: RayOptions = RayOptions(),
+                 profile=None) -> None:
+        import threading
+        import uuid
+
+        self.id = uuid.uuid4().hex[:8]
+        self.spec = spec
+        self._lock = threading.Lock()
+        self._rows: tuple[SweepRow, ...] = tuple(SweepRow(p, "pending") for p in spec.points())
+        self._messages: list[str] = []
+        self._result: SweepResult | None = None
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._run, args=(root, ray_options, profile),
+                                        name=f"qfold-sweep-{self.id}", daemon=True)
+
+    def start(self) -> SweepJob:
+        self._thread.start()
+        return self
+
+    def _on_event(self, event: SweepEvent) -> None:
+        with self._lock:
+            self._rows = event.rows
+            if event.message:
+                self._messages.append(event.message)
+
+    def _run(self, root, ray_options: RayOptions, profile) -> None:
+        try:
+            result = run_sweep(self.spec, root, ray_options=ray_options, profile=profile, on_event=self._on_event)
+            with self._lock:
+                self._result, self._rows = result, result.rows
+        except QfoldError as e:
+            with self._lock:
+                self._error = str(e)
+        except Exception as e:  # the job ends visibly, never silently
+            with self._lock:
+                self._error = f"{type(e).__name__}: {e}"
+
+    def snapshot(self) -> tuple[tuple[SweepRow, ...], bool, str | None, tuple[str, ...]]:
+        """(rows, finished, error, messages)."""
+        with self._lock:
+            finished = self._result is not None or self._error is not None
+            return self._rows, finished, self._error, tuple(self._messages)
