@@ -198,3 +198,20 @@ def report_text(report: DeviceModelReport) -> str:
         lines.extend(f"  note: {n}" for n in d.notes)
     lines.extend(f"note: {n}" for n in report.notes)
     return "\n".join(lines)
+
+
+def table_from_analyses(docs: Mapping[str, Mapping[str, Any]]) -> Any:
+    """Mapped analyses (log label → analysis document) as sweep-table rows, so the Bandwidth page's mapping feeds
+    the same ``device_model_report`` as ``fit --sweep``: one row per label, model = the label."""
+    import pandas as pd
+
+    rows = []
+    for label, doc in docs.items():
+        spec = doc.get("spec") or {}
+        b = doc["bytes"]["bytes_per_token"]
+        rows.append({"model": label, "model_label": label, "variant": spec.get("variant") or "as mapped",
+                     "compression": spec.get("compression") or "none", "ctx": int(spec.get("ctx") or 0),
+                     "key": doc.get("key") or label, "status": "built", "tile_count": doc["summary"]["tile_count"],
+                     "non_const_ops": doc["summary"]["non_const_ops"],
+                     **{f"bytes_{c}": int(b.get(c, 0)) for c in (*CATEGORIES, "total")}})
+    return pd.DataFrame.from_records(rows)
