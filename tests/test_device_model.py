@@ -191,3 +191,18 @@ def test_fit_cli_shows_the_device_model_and_the_selection(tmp_path, capsys):
     assert {f["hypothesis"] for f in device["fits"]} == {"variant=repeat_kv", "variant=qfold"}
     assert main(["fit", str(log), "--sweep", str(table), "--map", "exaone-fp16=colour:red"]) == 2
     assert "no column(s) colour" in capsys.readouterr().err
+
+
+def test_published_examples_import_without_issues():
+    from pathlib import Path
+
+    from analyzer.device.logs import parse_logs
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "apple_llama31_coreml_m1max.csv"
+    imported = parse_logs([(path.name, path.read_bytes())])
+    assert not imported.issues, [i.describe() for i in imported.issues]
+    rates = {(m.build, m.context_length): m.tok_per_s for m in imported.measurements}
+    assert len(rates) == 14  # Apple's Tables 3 and 4, seven context sizes each
+    assert rates[("llama-3.1-8b-instruct-fp16-state", 2048)] == 16.26  # the article's headline fp16 figure
+    assert rates[("llama-3.1-8b-instruct-int4-state", 2048)] == 33.67  # and its "~33 tokens/s"
+    assert all("Apple ML Research" in m.notes for m in imported.measurements)
