@@ -37,14 +37,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from analyzer.build.builds import LOG_FILE, BuildSpec, builds_dir, is_complete
 from analyzer.device.sweep_spec import NO_COMPRESSION, SweepError, SweepPoint, SweepSpec
-from analyzer.device.sweep_table import SweepRow, finished_row
+from analyzer.device.sweep_table import STATUSES, SweepRow, finished_row
 from analyzer.errors import QfoldError
 from analyzer.graph.record import ANALYSIS_FILE
 
@@ -227,7 +227,7 @@ class SweepEvent:
     message: str = ""
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(("pending", "running", "built", "reused", "failed"), 0)
+        out = dict.fromkeys(STATUSES, 0)
         for r in self.rows:
             out[r.status] += 1
         return out
@@ -264,7 +264,6 @@ class _Plan:
     row: SweepRow
     spec: BuildSpec | None = None
     memory_bytes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def plan_points(spec: SweepSpec, points: Sequence[SweepPoint]) -> list[_Plan]:
