@@ -184,6 +184,11 @@ def _runtime_env(address: str | None) -> dict[str, Any]:
     return {"env_vars": {"PYTHONPATH": path, **scratch}}
 
 
+LOCAL_START_ATTEMPTS = 3
+"""Ray waits a fixed 30 s for a new raylet to register (ray/_private/node.py, Ray 2.60); on a loaded machine that
+can run out, so a local cluster is started again, up to this many times, before the sweep gives up."""
+
+
 @contextmanager
 def ray_session(options: RayOptions) -> Iterator[Any]:
     """Connect to (or start) Ray for the sweep; shut down only what this call started."""
@@ -199,11 +204,17 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
             kwargs.update(num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes)
             if options.memory_bytes:
                 kwargs["_memory"] = options.memory_bytes
-        try:
-            ray.init(**kwargs)
-        except Exception as e:  # ConnectionError, RuntimeError: one line, not a Ray traceback
-            where = options.address or "a local cluster"
-            raise SweepError(f"cannot start Ray on {where}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+            try:
+                ray.init(**kwargs)
+                break
+            except Exception as e:  # ConnectionError, RuntimeError: one line, not a Ray traceback
+                ray.shutdown()  # whatever half-started before the failure
+                slow_start = "timed out during startup" in str(e) and not options.address
+                if slow_start and attempt < LOCAL_START_ATTEMPTS:
+                    continue
+                where = options.address or "a local cluster"
+                raise SweepError(f"cannot start Ray on {where}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
         started = True
     try:
         yield ray
