@@ -17,6 +17,7 @@ pages = [
     st.Page("app_pages/builds.py", title="Builds", icon=":material/build:", url_path="builds"),
     st.Page("app_pages/device_logs.py", title="Device logs", icon=":material/upload_file:", url_path="device_logs"),
     st.Page("app_pages/bandwidth.py", title="Bandwidth model", icon=":material/speed:", url_path="bandwidth"),
+    st.Page("app_pages/sweeps.py", title="Sweeps", icon=":material/stacked_line_chart:", url_path="sweeps"),
     st.Page("app_pages/export.py", title="Export", icon=":material/download:", url_path="export"),
 ]
 page = st.navigation(pages)

@@ -127,3 +127,16 @@ if compressed and fp16_graphs:
             f"bandwidth cannot fit both (residuals above {DEFAULT_MAX_RESIDUAL_PCT:g}% are expected). The A/B "
             "difference is unaffected: quantization and weights are the same on both sides, and the difference is "
             "the KV replication.", icon=":material/info:")
+
+# ---------------------------------------------------------------------------------------------- device model
+with st.expander("Device model: t = Σ bytes_c / BW_c + n_ops·τ + t0 (the same fit as `fit --sweep`)"):
+    from analyzer.device.model_report import device_model_report, report_text, table_from_analyses
+
+    if not analyses:
+        st.info("Map log labels to analyses on the Device logs page to fit the device model.")
+    else:
+        model_report = device_model_report(imported.measurements, table_from_analyses(analyses))
+        st.caption("Fitted per device on the mapped analyses' bytes by category, with only the terms these logs can "
+                   "identify; for a model selection between graphs, run a sweep and `python -m analyzer fit LOGS "
+                   "--sweep TABLE`, or see the Sweeps page.")
+        st.code(report_text(model_report) or "no measured row matches a mapped analysis's ctx", language=None)

@@ -7,6 +7,8 @@ Contract (scripts depend on these names):
                                           PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}]
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
+  sweep --model M [--model M2 ...] --ctx 512,1024 --variant repeat_kv,qfold [--compression SPEC ...]
+        [--structure] [--set K=V ...] [--address ADDR] --out TABLE.csv   last stdout line: the table
 Bad arguments and failed steps exit non-zero with one line on stderr, no traceback.
 """
 
@@ -21,7 +23,8 @@ from analyzer.errors import QfoldError
 
 # Every subcommand, in --help order: a module ``analyzer.cli.<name>`` with ``add_parser(subparsers)`` that sets
 # ``func``. Imported directly: a broken subcommand is an error, never silently missing.
-COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "fit", "compression", "reanalyze", "presets", "builds")
+COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "fit", "sweep", "compression", "reanalyze", "presets",
+                             "builds")
 
 
 def make_parser() -> Parser:

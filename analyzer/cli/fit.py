@@ -74,6 +74,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--overhead", action="store_true",
                         help="fit a fixed per-token time t0 as well: t = bytes/BW + t0")
     parser.add_argument("--json", action="store_true", dest="as_json", help="print one JSON object")
+    parser.add_argument("--sweep", metavar="TABLE",
+                        help="a `sweep` table: fit the device model t = Σ bytes_c/BW_c + n_ops·τ + t0 per device on "
+                             "the logs joined to it by build label and context_length, and say which graph fits")
+    parser.add_argument("--map", action="append", default=[], metavar="LABEL=COL:VALUE,...",
+                        help="join a log build label to sweep rows by column values, e.g. "
+                             "exaone-top8=model_label:exaone-4.0-1.2b,compression:top8 (repeatable)")
     parser.set_defaults(func=run_fit)
     return parser
 
@@ -286,11 +292,30 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
     except (TypeError, ValueError) as e:
         _error(str(e), err)
         return 1
+    model_report = None
+    if getattr(args, "sweep", None):
+        from analyzer.device.model_report import device_model_report, parse_map
+        from analyzer.device.sweep_table import read_table
+        from analyzer.errors import QfoldError
+
+        try:
+            model_report = device_model_report(imported.measurements, read_table(args.sweep), parse_map(args.map))
+        except QfoldError as e:
+            _error(str(e), err)
+            return 2
     if args.as_json:
         payload = _json_payload(imported, result, graph)
+        if model_report is not None:
+            from analyzer.device.model_report import report_json
+
+            payload["device_model"] = report_json(model_report)
         print(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False), file=out)
     else:
         for issue in imported.issues:
             print(issue.describe(), file=err)
         _print_text(imported, result, graph, fixed_bw=args.bw is not None, out=out)
+        if model_report is not None:
+            from analyzer.device.model_report import report_text
+
+            print("\n" + report_text(model_report), file=out)
     return 0

@@ -60,7 +60,7 @@ class Field:
         return {k: Field(v, self.where, self, k) for k, v in self.value.items()}
 
     def list(self, length: int | None = None) -> list[Field]:
-        if not isinstance(self.value, list):
+        if not isinstance(self.value, list | tuple):  # a tuple: an in-memory document not yet serialised
             self._expected("a list")
         if length is not None and len(self.value) != length:
             self.fail(f"expected {length} items, got {len(self.value)}")

@@ -2,14 +2,18 @@
 parent process in well under a second instead of after a child has started allocating.
 
 Parameters are counted from the geometry (embedding, per layer q/k/v/o and a gated MLP, lm_head when
-untied); the estimate is deliberately simple and errs high. Memory per mode, from measurements on this
-project's machine (design.md, "Facts measured" and "Second stage"):
+untied; norm scales and biases, < 0.1%, are left out). Memory, from measurements on this project's machine
+(docs/measurements.md):
 
-* materialised build (real fp32 torch weights, traced, converted to fp16, saved): the full-size
-  EXAONE 4.0 1.2B (1.28 B parameters) peaked at 14.7 GB, ≈ 11.5 bytes per parameter, on top of a
-  ≈ 1 GB floor (the structure config, same graph with tiny weights, peaks at ≈ 1 GB).
-* KV state: ``2 × layers × Hkv × ctx × D × 2`` bytes (fp16 K and V), held by the torch module, the
-  traced graph and the converter: counted three times.
+* a process floor: Python + torch + coremltools before any weight; a 2-layer tiny build peaked at 0.51 GB.
+* per parameter, by build mode: a materialised build (fp32 torch weights, the traced copy and coremltools' fp16
+  consts at once) of the full-size EXAONE 4.0 1.2B (1.28·10^9 parameters) peaked at 14.7 GB:
+  (14.7 − 0.6) GB / 1.28·10^9 ≈ 11 bytes per parameter.
+* the fp16 KV state ``2 × layers × Hkv × ctx × D × 2`` bytes: the structure build (30 layers, ctx 4096, 251 MB of
+  KV, ~52·10^6 parameters) peaked at ≈ 1 GB, so one copy is live at the peak.
+
+The same estimate refuses impossible builds in the parent (``check_request``) and reserves Ray ``memory`` for a
+sweep's builds, so a 16 GB worker never takes two full-size builds.
 """
 
 from __future__ import annotations
@@ -20,12 +24,10 @@ from dataclasses import dataclass
 from analyzer.errors import SourceError
 from analyzer.model.sources import AttentionGeometry
 
-# Bytes of peak RSS per parameter of a materialised conversion: 14.7 GB / 1.28 B parameters (design.md).
-MATERIALISED_BYTES_PER_PARAM = 11.5
-# The peak of a conversion whose weights are negligible (structure config, ctx 4096: ≈ 1 GB, design.md).
-CONVERSION_FLOOR_BYTES = 1_000_000_000
-# Copies of the KV state alive at the peak: the torch buffers, the traced graph's, the converter's.
-KV_STATE_COPIES = 3
+PROCESS_FLOOR_BYTES = 600_000_000  # a 2-layer tiny build peaked at 0.51 GB
+MATERIALISED_BYTES_PER_PARAM = 11  # (14.7 − 0.6) GB / 1.28·10^9 parameters, full-size EXAONE 4.0 1.2B
+BYTES_PER_PARAM_BY_MODE: dict[str, float] = {"materialised": MATERIALISED_BYTES_PER_PARAM}
+KV_STATE_COPIES = 1  # the structure build's ≈ 1 GB peak leaves room for one
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
 # hidden 16,384, vocabularies up to 262,144 (Gemma 3) and contexts up to 131,072 positions among qfold's
 # presets; the ceilings leave 4-8x headroom and keep the MIL program (≈ 150 ops per layer) and the static
@@ -84,15 +86,16 @@ def memory_limit_bytes() -> int:
     return int(psutil.virtual_memory().total)
 
 
-def estimate(config, ctx: int) -> BuildCost:
-    """The materialised conversion's cost for ``config`` (a transformers config) at ``ctx`` cache slots."""
+def estimate(config, ctx: int, mode: str = "materialised") -> BuildCost:
+    """A conversion's cost for ``config`` (a transformers config) at ``ctx`` cache slots in build ``mode``."""
     from analyzer.model.sources import geometry_of
 
     g = geometry_of(config)
     intermediate = int(getattr(config, "intermediate_size", 0) or 4 * g.hidden_size)
     params = count_params(g, intermediate, bool(getattr(config, "tie_word_embeddings", False)))
     kv = kv_state_bytes(g, ctx)
-    peak = CONVERSION_FLOOR_BYTES + round(params * MATERIALISED_BYTES_PER_PARAM) + KV_STATE_COPIES * kv
+    per_param = BYTES_PER_PARAM_BY_MODE.get(mode, MATERIALISED_BYTES_PER_PARAM)  # unknown: over-reserve
+    peak = PROCESS_FLOOR_BYTES + round(params * per_param) + KV_STATE_COPIES * kv
     return BuildCost(params, 2 * params, kv, peak, memory_limit_bytes())
 
 
@@ -100,7 +103,7 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:,.1f} GB"
 
 
-def check_request(config, ctx: int, force_ctx: bool = False) -> BuildCost:
+def check_request(config, ctx: int, force_ctx: bool = False, mode: str = "materialised") -> BuildCost:
     """Refuse a conversion that cannot work before anything is allocated; return its estimated cost.
 
     Checks, in order: the hard ceilings (layers, hidden size, vocabulary, ctx), ctx against the model's
@@ -109,7 +112,7 @@ def check_request(config, ctx: int, force_ctx: bool = False) -> BuildCost:
     from analyzer.model.sources import geometry_of
 
     g = geometry_of(config)
-    cost = estimate(config, ctx)
+    cost = estimate(config, ctx, mode)
     size = (f"estimated peak memory {_gb(cost.peak_rss_bytes)} for {cost.params:,} parameters and a KV state "
             f"of {_gb(cost.kv_state_bytes)}; the limit is {_gb(cost.limit_bytes)}, ${MEMORY_LIMIT_ENV} or this "
             "machine's memory")
