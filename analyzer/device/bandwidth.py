@@ -32,12 +32,21 @@ from typing import Literal
 
 import numpy as np
 
-from analyzer.device.logs import BuildDeviceSummary
+from analyzer.device.logs import TOK_PER_S_RANGE, BuildDeviceSummary
 from analyzer.fmt import MB
 
 FitModel = Literal["single-point", "bandwidth", "bandwidth+overhead"]
 Weighting = Literal["build", "runs"]
 AssumptionKind = Literal["fixed", "fit", "preset"]
+
+BW_RANGE_BYTES_PER_S: tuple[float, float] = (1e3, 1e16)
+"""Accepted bandwidths, inclusive. Judgement: 1 kB/s is below any memory system; 10^16 B/s (10 PB/s) is
+~1,000x the fastest HBM3e package (~8 TB/s). Inside it, and with tok/s inside ``TOK_PER_S_RANGE`` and bytes
+below 2^63, every product and quotient of the model stays a finite float64 (issue #11: 1e-300 tok/s or a
+1e308 B/s bandwidth overflowed the inferred bytes)."""
+
+MAX_BYTES_PER_TOKEN = 2**63 - 1
+"""Bytes per token are int64 wherever they are stored (frames, JSON consumers)."""
 
 DEFAULT_MAX_RESIDUAL_PCT = 10.0
 """Above this |measured − fitted| / measured, one bandwidth is said not to explain the builds.
@@ -111,11 +120,17 @@ def fixed_assumption(bw_bytes_per_s: float) -> BandwidthAssumption:
 def _check_bw(bw_bytes_per_s: float) -> None:
     if isinstance(bw_bytes_per_s, bool) or not math.isfinite(bw_bytes_per_s) or bw_bytes_per_s <= 0:
         raise ValueError(f"bw_bytes_per_s must be a finite number > 0, got {bw_bytes_per_s!r}")
+    lo, hi = BW_RANGE_BYTES_PER_S
+    if not lo <= bw_bytes_per_s <= hi:
+        raise ValueError(f"bw_bytes_per_s {bw_bytes_per_s:g} is outside the accepted range {lo:g} to {hi:g} bytes/s")
 
 
 def _check_overhead(overhead_s: float) -> None:
     if isinstance(overhead_s, bool) or not math.isfinite(overhead_s) or overhead_s < 0:
         raise ValueError(f"overhead_s must be a finite number >= 0, got {overhead_s!r}")
+    if overhead_s > 1.0 / TOK_PER_S_RANGE[0]:
+        raise ValueError(f"overhead_s {overhead_s:g} s is longer than the slowest accepted token "
+                         f"({1.0 / TOK_PER_S_RANGE[0]:g} s)")
 
 
 def _check_bytes(bytes_per_token: int) -> None:
@@ -124,11 +139,16 @@ def _check_bytes(bytes_per_token: int) -> None:
                          f"got {bytes_per_token!r}")
     if bytes_per_token <= 0:
         raise ValueError(f"bytes_per_token must be > 0, got {bytes_per_token}")
+    if bytes_per_token > MAX_BYTES_PER_TOKEN:
+        raise ValueError(f"bytes_per_token {bytes_per_token} is over 2^63 - 1")
 
 
 def _check_tok(tok_per_s: float) -> None:
     if isinstance(tok_per_s, bool) or not math.isfinite(tok_per_s) or tok_per_s <= 0:
         raise ValueError(f"tok_per_s must be a finite number > 0, got {tok_per_s!r}")
+    lo, hi = TOK_PER_S_RANGE
+    if not lo <= tok_per_s <= hi:
+        raise ValueError(f"tok_per_s {tok_per_s:g} is outside the accepted range {lo:g} to {hi:g} tok/s")
 
 
 def predicted_tok_per_s(bw_bytes_per_s: float, bytes_per_token: int, overhead_s: float = 0.0) -> float:
@@ -493,8 +513,9 @@ def fit_bandwidth(
     # A t0 within 1e-9 of the mean time per token is numerical noise around 0, not a negative cost.
     tolerance_s = 1e-9 * float(t.mean())
     bw_ok = math.isfinite(bw) and bw > 0
+    bw_in_range = bw_ok and BW_RANGE_BYTES_PER_S[0] <= bw <= BW_RANGE_BYTES_PER_S[1]
     t0_ok = t0 >= -tolerance_s
-    physical = bw_ok and t0_ok and bool(np.all(fitted_t > 0))
+    physical = bw_in_range and t0_ok and bool(np.all(fitted_t > 0))
     dof = len(points) - n_params
     explains = model != "single-point" and physical and dof >= 1 and max_abs <= max_residual_pct
 
@@ -510,9 +531,12 @@ def fit_bandwidth(
         reasons = []
         if not bw_ok:
             reasons.append("bandwidth ≤ 0 (builds with more bytes/token ran as fast or faster)")
+        elif not bw_in_range:
+            reasons.append(f"bandwidth {bw:g} bytes/s outside {BW_RANGE_BYTES_PER_S[0]:g} to "
+                           f"{BW_RANGE_BYTES_PER_S[1]:g} bytes/s")
         if not t0_ok:
             reasons.append(f"negative per-token overhead ({t0 * 1e3:.3f} ms)")
-        if bw_ok and t0_ok:
+        if bw_in_range and t0_ok:
             reasons.append("a fitted time per token ≤ 0")
         verdict = (f"one bandwidth does not explain these builds on {device}: the fit is non-physical "
                    f"({'; '.join(reasons)}); residuals up to {max_abs:.1f}%; the Neural Engine's "

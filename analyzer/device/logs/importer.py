@@ -66,12 +66,8 @@ def parse_log(data: bytes, name: str, limits: LogLimits = DEFAULT_LIMITS, *, dev
 
 
 def _derived(measurements: Sequence[Measurement]) -> tuple[str, ...]:
-    """Each kind of derivation once, by field: ``phase: from the test …`` with numbers folded away."""
-    seen: dict[str, str] = {}
-    for m in measurements:
-        for column, how in m.derived:
-            seen.setdefault(column, how)
-    return tuple(f"{column}: {how}" for column, how in seen.items())
+    """Each derivation rule used in the file, once: ``context_length: n_depth + n_gen: …``."""
+    return tuple(dict.fromkeys(f"{column}: {how}" for m in measurements for column, how in m.derived))
 
 
 def parse_logs(files: Sequence[tuple[str, bytes]], limits: LogLimits = DEFAULT_LIMITS, *, device: str | None = None,

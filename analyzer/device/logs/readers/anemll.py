@@ -82,8 +82,8 @@ def read(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
         if context is not None:
             row.lines["Using context length"] = context[1]
             row.context_length = context[0]
-            row.derived.append(("context_length", f"the converted context length (line {context[1]}): the static "
-                                "KV cache state every decode step reads through its causal mask"))
+            row.derived.append(("context_length", "the converted context length ('Using context length'): the "
+                                "static KV cache state every decode step reads through its causal mask"))
         pending = row
     flush()
     return rows

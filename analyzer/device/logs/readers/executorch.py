@@ -41,11 +41,11 @@ def detect(text: str) -> bool:
     return any(_OBSERVER_ANY.match(line) or _GEN_RATE.fullmatch(line) for line in text.splitlines())
 
 
-def _context(row: RunnerRow, prompt: int, generated: int, lines: str) -> None:
+def _context(row: RunnerRow, prompt: int, generated: int) -> None:
     row.prompt_tokens, row.context_length = prompt, prompt + generated
-    row.derived += [("prompt_tokens", f"prompt_tokens ({lines})"),
-                    ("context_length", f"prompt + generated tokens = {prompt} + {generated} ({lines}): the positions "
-                                       "filled when the last token is generated")]
+    row.derived += [("prompt_tokens", "the run's prompt tokens"),
+                    ("context_length", "prompt + generated tokens: the positions filled when the last token is "
+                                       "generated (a graph with a static cache reads all of it instead)")]
 
 
 def _observer_rows(line: int, raw: str, limits: LogLimits, col: Collector) -> list[RawRow]:
@@ -97,9 +97,9 @@ def _observer_rows(line: int, raw: str, limits: LogLimits, col: Collector) -> li
         row.derived.append(("tok_per_s", f"{how} x {scale}, as stats.h print_report computes it"))
         if phase == "prefill":
             row.prompt_tokens = row.context_length = prompt
-            row.derived += [("prompt_tokens", "prompt_tokens"), ("context_length", "the prompt tokens")]
+            row.derived += [("prompt_tokens", "the run's prompt tokens"), ("context_length", "the prompt tokens")]
         else:
-            _context(row, prompt, generated, "PyTorchObserver")
+            _context(row, prompt, generated)
         rows.append(row.raw())
     return rows
 
@@ -145,10 +145,9 @@ def _stats_rows(lines: list[str], limits: LogLimits, col: Collector) -> list[Raw
         if tokens is not None:
             row.lines["Prompt Tokens"] = tokens[2]
             if is_decode:
-                _context(row, tokens[0], n if n is not None else tokens[1], f"line {tokens[2]}")
+                _context(row, tokens[0], n if n is not None else tokens[1])
             else:
                 row.prompt_tokens = row.context_length = tokens[0]
-                row.derived += [("prompt_tokens", f"Prompt Tokens (line {tokens[2]})"),
-                                ("context_length", "the prompt tokens")]
+                row.derived += [("prompt_tokens", "the run's prompt tokens"), ("context_length", "the prompt tokens")]
         rows.append(row.raw())
     return rows

@@ -79,13 +79,13 @@ def read(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
         if prefill is not None:
             row.lines["Prefill"] = prefill[1]
             row.prompt_tokens = prefill[0]
-            row.derived.append(("prompt_tokens", f"the Prefill line's tokens (line {prefill[1]})"))
+            row.derived.append(("prompt_tokens", "the tokens of the Prefill line before it"))
         if shape is not None:
             input_len, cache_len, shape_line = shape
             row.lines["Input length"] = shape_line
             row.context_length = cache_len + input_len
-            row.derived.append(("context_length", f"cache length + input length = {cache_len} + {input_len} (line "
-                                f"{shape_line}): the static cache every decode step reads, whatever the prompt"))
+            row.derived.append(("context_length", "cache length + input length: the static cache every decode step "
+                                "reads, whatever the prompt"))
         prefill = None
         rows.append(row.raw())
     return rows

@@ -67,13 +67,11 @@ def test_name(n_prompt: int, n_gen: int, n_depth: int) -> str:
 
 def _context(phase: str, n_prompt: int, n_gen: int, n_depth: int) -> tuple[int, str]:
     if phase == "decode":
-        return n_depth + n_gen, (f"n_depth + n_gen = {n_depth} + {n_gen}: the KV positions the last generated "
-                                 "token attends over (llama.cpp's cache grows with the sequence)")
+        return n_depth + n_gen, ("n_depth + n_gen: the KV positions the last generated token attends over "
+                                 "(llama.cpp's cache grows with the sequence)")
     if phase == "prefill":
-        return n_depth + n_prompt, (f"n_depth + n_prompt = {n_depth} + {n_prompt}: the KV positions the last "
-                                    "prompt token attends over")
-    return n_depth + n_prompt + n_gen, (f"n_depth + n_prompt + n_gen = {n_depth} + {n_prompt} + {n_gen}: the "
-                                        "positions at the end of the run")
+        return n_depth + n_prompt, "n_depth + n_prompt: the KV positions the last prompt token attends over"
+    return n_depth + n_prompt + n_gen, "n_depth + n_prompt + n_gen: the positions at the end of the run"
 
 
 def map_result(line: int, record: int, cells: dict[str, str], col: Collector, *,
@@ -153,9 +151,8 @@ def map_result(line: int, record: int, cells: dict[str, str], col: Collector, *,
         cells=values,
         source=source,
         extra=tuple((k, v) for k, v in cells.items() if k not in consumed),
-        derived=(("phase", f"from the test {test}" + (f" (column {counts_column!r})" if counts_column else "")),
-                 ("context_length", context_how),
-                 ("prompt_tokens", f"n_prompt of the test {test}")),
+        derived=(("phase", "from the llama-bench test: tg decode, pp prefill, pp+tg mixed"),
+                 ("context_length", context_how), ("prompt_tokens", "n_prompt of the llama-bench test")),
         shared_line=shared_line,
     )
 

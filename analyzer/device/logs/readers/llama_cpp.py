@@ -70,7 +70,7 @@ def read(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
             prompt = (n, line)
             row.lines["prompt eval time"] = line
             row.prompt_tokens = row.context_length = n
-            row.derived += [("prompt_tokens", f"prompt eval tokens (line {line})"),
+            row.derived += [("prompt_tokens", "the prompt eval tokens"),
                             ("context_length", "the prompt eval tokens: the KV positions the last prompt token "
                                                "attends over, from an empty cache")]
         else:
@@ -79,10 +79,9 @@ def read(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
             if prompt is not None:
                 row.lines["prompt eval time"] = prompt[1]
                 row.prompt_tokens, row.context_length = prompt[0], prompt[0] + n
-                row.derived += [("prompt_tokens", f"prompt eval tokens (line {prompt[1]})"),
-                                ("context_length", f"prompt eval tokens + eval runs = {prompt[0]} + {n} (lines "
-                                 f"{prompt[1]}, {line}): the KV positions the last generated token attends over, "
-                                 "assuming the session started from an empty cache")]
+                row.derived += [("prompt_tokens", "the prompt eval tokens before it"),
+                                ("context_length", "prompt eval tokens + eval runs: the KV positions the last "
+                                 "generated token attends over, assuming the session started from an empty cache")]
             prompt = None
         rows.append(row.raw())
     return rows

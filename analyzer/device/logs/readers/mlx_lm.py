@@ -51,12 +51,11 @@ class _Block:
             gen.extra += self.extra
             if self.prompt_tokens is not None:
                 gen.prompt_tokens = self.prompt_tokens
-                gen.derived.append(("prompt_tokens", f"the Prompt line's token count (line {gen.lines['Prompt']})"))
+                gen.derived.append(("prompt_tokens", "the token count of the Prompt line before it"))
                 if self.generation_tokens is not None:
                     gen.context_length = self.prompt_tokens + self.generation_tokens
-                    gen.derived.append(("context_length", f"prompt + generated tokens = {self.prompt_tokens} + "
-                                        f"{self.generation_tokens}: the KV positions the last generated token attends "
-                                        "over (mlx_lm's KVCache grows with the sequence)"))
+                    gen.derived.append(("context_length", "prompt + generated tokens: the KV positions the last "
+                                        "generated token attends over (mlx_lm's KVCache grows with the sequence)"))
             out.append(gen.raw())
         return out
 

@@ -82,6 +82,6 @@ class RunnerRow:
             cells["prompt_tokens"], source["prompt_tokens"] = str(self.prompt_tokens), "prompt tokens"
         if self.context_length is not None:
             cells["context_length"], source["context_length"] = str(self.context_length), "context length"
-        derived = [("phase", f"the {self.runner} line it came from (line {self.line})"), *self.derived]
+        derived = [("phase", f"the kind of {self.runner} line it came from"), *self.derived]
         lines = ("source_lines", ",".join(str(n) for n in self.lines.values()))
         return RawRow(self.line, self.record, cells, source, (*self.extra, lines), tuple(derived))
