@@ -23,7 +23,7 @@ from analyzer.device.logs.readers import (
     markdown,
     mlx_lm,
 )
-from analyzer.device.logs.readers.qfold import qfold_rows
+from analyzer.device.logs.readers.qfold import check_header, qfold_rows
 from analyzer.device.logs.readers.tables import markdown_headers, normalize_header, read_csv_table
 from analyzer.device.logs.records import LogLimits
 from analyzer.device.logs.rows import Collector, RawRow, RejectError
@@ -42,7 +42,7 @@ class LogFormatSpec:
 
 
 def _qfold_csv(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
-    return qfold_rows(read_csv_table(text, limits, col), col)
+    return qfold_rows(read_csv_table(text, limits, col, header_check=check_header), col)
 
 
 _SPECS = (

@@ -169,8 +169,7 @@ def _check_fields(names: set[str], line: int | None) -> None:
 
 
 def read_csv(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
-    table = read_csv_table(text, limits, col)
-    _check_fields(set(table.header), table.header_line)
+    table = read_csv_table(text, limits, col, header_check=lambda names, line: _check_fields(set(names), line))
     rows = []
     for line, record, fields in table.rows:
         row = map_result(line, record, dict(zip(table.header, fields, strict=True)), col)

@@ -17,11 +17,17 @@ def is_qfold_header(header: list[str]) -> bool:
     return "tok_per_s" in header
 
 
+def check_header(header: list[str], line: int) -> None:
+    if "tok_per_s" not in header:
+        raise RejectError(f"missing required column(s) tok_per_s; the header has {', '.join(header)}. If this "
+                          "is not meant as qfold's CSV: no other log format was recognised either (llama-bench "
+                          "md/csv/json/jsonl/sql, llama.cpp, mlx_lm, ExecuTorch or ANEMLL runner output)",
+                          line=line, column="tok_per_s")
+
+
 def qfold_rows(table: Table, col: Collector) -> list[RawRow]:
     header = table.header
-    if "tok_per_s" not in header:
-        raise RejectError(f"missing required column(s) tok_per_s; the header has {', '.join(header)}",
-                          line=table.header_line, column="tok_per_s")
+    check_header(header, table.header_line)
     unknown = [c for c in header if c not in KNOWN_COLUMNS]
     if unknown:
         col.add(None, ", ".join(unknown), None, "warning", "unknown column(s) kept as extra fields, not interpreted")

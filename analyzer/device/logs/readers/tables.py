@@ -13,6 +13,7 @@ import csv
 import io
 import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from analyzer.device.logs.records import KNOWN_COLUMNS, LogLimits
@@ -87,8 +88,13 @@ def _is_blank(record: list[str]) -> bool:
     return len(record) <= 1 and not (record and record[0].strip())
 
 
-def read_csv_table(text: str, limits: LogLimits, col: Collector) -> Table:
-    """The CSV header and its records; ragged records are reported (and counted), not returned."""
+def read_csv_table(text: str, limits: LogLimits, col: Collector,
+                   header_check: Callable[[list[str], int], None] | None = None) -> Table:
+    """The CSV header and its records; ragged records are reported (and counted), not returned.
+
+    ``header_check(names, line)`` runs on the header before any row is judged, so a file missing a required
+    column is told so, not that its rows do not fit a header that was never meant as one.
+    """
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     header: list[str] | None = None
     header_line = 1
@@ -126,6 +132,8 @@ def read_csv_table(text: str, limits: LogLimits, col: Collector) -> Table:
     if len(names) == 1 and ";" in names[0]:
         raise RejectError("the header is one column containing ';': semicolon-separated files are not "
                           "accepted; export with commas", line=header_line, value=names[0])
+    if header_check is not None:
+        header_check(names, header_line)
     _check_shape(names, header_line, good, ragged, blank_lines, ",", col)
     return Table(names, header_line, good)
 
