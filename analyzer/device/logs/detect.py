@@ -79,11 +79,11 @@ def _markdown_kind(headers: list[list[str]]) -> str:
     return "llama-bench-md"  # its reader names the tables it cannot use
 
 
-def _csv_kind(text: str, col: Collector) -> str:
+def _csv_kind(text: str) -> str:
     first = next((line for line in text.splitlines() if line.strip()), "")
     try:
         header = next(csv.reader(io.StringIO(first)), [])
-        names = normalize_header(header, col, 1) if header else []
+        names = normalize_header(header, 1) if header else []
     except (csv.Error, RejectError):
         return "qfold-csv"  # its reader reports what is wrong, at the right line
     return "llama-bench-csv" if llama_bench.is_llama_bench_header(names) else "qfold-csv"
@@ -105,4 +105,4 @@ def detect_format(text: str, col: Collector) -> LogFormatSpec:
     headers = markdown_headers(text)
     if headers:
         return FORMATS[_markdown_kind(headers)]
-    return FORMATS[_csv_kind(text, col)]
+    return FORMATS[_csv_kind(text)]

@@ -45,11 +45,11 @@ def read(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
 
     for line, raw in enumerate(text.splitlines(), start=1):
         if match := _CONTEXT.fullmatch(raw):
-            n = LineReader(col, line, 0).count("context length", match["n"])
+            n = LineReader(col, line, None).count("context length", match["n"])
             context = (n, line) if n is not None else None
             continue
         if (match := _TOTAL.fullmatch(raw)) and pending is not None:
-            n = LineReader(col, line, pending.record).count("Generated tokens", match["n"])
+            n = LineReader(col, line, None).count("Generated tokens", match["n"])
             if n is not None:
                 pending.lines["Total"] = line
                 pending.extra += [("generated_tokens", str(n)), ("total_s", match["s"])]

@@ -122,7 +122,7 @@ def _stats_rows(lines: list[str], limits: LogLimits, col: Collector) -> list[Raw
     for line, raw in enumerate(lines, start=1):
         counts = _TOKENS.fullmatch(raw)
         if counts:
-            reader = LineReader(col, line, 0)
+            reader = LineReader(col, line, None)
             prompt, generated = reader.count("Prompt Tokens", counts["prompt"]), reader.count("Generated Tokens",
                                                                                               counts["gen"])
             tokens = (prompt, generated, line) if prompt is not None and generated is not None else None

@@ -39,13 +39,13 @@ def read(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
     prefill: tuple[int, int] | None = None  # (prompt tokens, line)
     for line, raw in enumerate(text.splitlines(), start=1):
         if match := _SHAPE.fullmatch(raw):
-            reader = LineReader(col, line, 0)
+            reader = LineReader(col, line, None)
             input_len, cache_len = reader.count("Input length", match["input"]), reader.count("Cache length",
                                                                                               match["cache"])
             shape = (input_len, cache_len, line) if input_len is not None and cache_len is not None else None
             continue
         if match := _PREFILL.fullmatch(raw):
-            n = LineReader(col, line, 0).count("Prefill tokens", match["n"])
+            n = LineReader(col, line, None).count("Prefill tokens", match["n"])
             prefill = (n, line) if n is not None else None
             continue
         if not _DECODE_ANY.fullmatch(raw):

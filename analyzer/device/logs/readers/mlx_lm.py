@@ -72,10 +72,9 @@ def read(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
     for line, raw in enumerate(text.splitlines(), start=1):
         peak = _PEAK.fullmatch(raw)
         if peak:
-            try:
-                block.extra.append(("peak_memory_bytes", str(round(float(peak["gb"]) * 1e9))))
-            except (ValueError, OverflowError):
-                col.add(line, "Peak memory", peak["gb"], "warning", "peak memory is not a number: not kept")
+            gb = LineReader(col, line, None).decimal("Peak memory", peak["gb"])
+            if gb is not None and gb >= 0:
+                block.extra.append(("peak_memory_bytes", str(round(gb * 1e9))))
             flush()
             continue
         match = _LINE.fullmatch(raw)

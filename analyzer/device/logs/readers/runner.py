@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from analyzer.device.logs.cells import nonneg_int, parse_decimal
+from analyzer.device.logs.records import Severity
 from analyzer.device.logs.rows import Collector, RawRow
 
 LINE_PREFIX = r"\s*(?:[#>]\s*)*"
@@ -18,37 +19,43 @@ LINE_PREFIX = r"\s*(?:[#>]\s*)*"
 
 @dataclass(slots=True)
 class LineReader:
-    """Reads numbers out of one matched line, reporting each bad one against the line's record."""
+    """Reads numbers out of one matched line, reporting each bad one against the line's record.
+
+    A line that only adds context to a record read elsewhere (a context length, a token count) has no record
+    of its own: ``record`` None, and its problems are warnings (the rows simply go without that context).
+    """
 
     col: Collector
     line: int
-    record: int
+    record: int | None
     ok: bool = True
+
+    def _report(self, column: str | None, value: str | None, message: str) -> None:
+        severity: Severity = "error" if self.record is not None else "warning"
+        if self.record is None:
+            message += "; the line is not used"
+        self.col.add(self.line, column, value, severity, message, record=self.record)
+        self.ok = False
 
     def decimal(self, column: str, text: str) -> float | None:
         try:
             value = parse_decimal(text, column)
         except ValueError as e:
-            self.col.add(self.line, column, text, "error", str(e), record=self.record)
-            self.ok = False
+            self._report(column, text, str(e))
             return None
         if not math.isfinite(value):
-            self.col.add(self.line, column, text, "error", f"{column} must be finite", record=self.record)
-            self.ok = False
+            self._report(column, text, f"{column} must be finite")
             return None
         return value
 
     def count(self, column: str, text: str) -> int | None:
         value = nonneg_int(text)
         if value is None:
-            self.col.add(self.line, column, text, "error", f"{column} must be a whole number of tokens",
-                         record=self.record)
-            self.ok = False
+            self._report(column, text, f"{column} must be a whole number of tokens")
         return value
 
     def error(self, column: str | None, value: str | None, message: str) -> None:
-        self.col.add(self.line, column, value, "error", message, record=self.record)
-        self.ok = False
+        self._report(column, value, message)
 
 
 def agrees(printed: float, computed: float, decimals: int) -> bool:

@@ -32,7 +32,7 @@ class Table:
     notes: list[tuple[int, str]] = field(default_factory=list)
 
 
-def normalize_header(cells: list[str], col: Collector, line: int) -> list[str]:
+def normalize_header(cells: list[str], line: int) -> list[str]:
     """Names stripped and normalised, qfold's known columns in their canonical case; an empty or
     duplicate name rejects the file (a value could otherwise land under the wrong name)."""
     names = [normalize_label(cell) for cell in cells]
@@ -128,7 +128,7 @@ def read_csv_table(text: str, limits: LogLimits, col: Collector,
         raise RejectError("no header row: every line is blank")
     if header_line != 1:
         col.add(None, None, None, "warning", f"header found on line {header_line}; lines above it are blank")
-    names = normalize_header(header, col, header_line)
+    names = normalize_header(header, header_line)
     if len(names) == 1 and ";" in names[0]:
         raise RejectError("the header is one column containing ';': semicolon-separated files are not "
                           "accepted; export with commas", line=header_line, value=names[0])
@@ -188,7 +188,7 @@ def read_markdown_tables(text: str, limits: LogLimits, col: Collector) -> list[T
             close()
             header_cells = _md_cells(row.group(1))
             _check_limits(header_cells, None, line_no, 0, limits)
-            current = Table(normalize_header(header_cells, col, line_no), line_no, [])
+            current = Table(normalize_header(header_cells, line_no), line_no, [])
             tables.append(current)
             ragged, blank_lines = [], []
             index += 2
