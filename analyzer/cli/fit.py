@@ -116,7 +116,7 @@ def _graph_bytes(specs: Sequence[str]) -> dict[str, int]:
     graph: dict[str, int] = {}
     for spec in specs:
         label, sep, value = spec.partition("=")
-        label, value = label.strip(), value.strip()
+        label, value = normalize_label(label), value.strip()  # as the logs' labels are normalised
         if not sep or not label or not value:
             raise _ArgumentError(f"--build {spec!r}: expected LABEL=BUILD_PATH or LABEL=BYTES_PER_TOKEN")
         if label in graph:
