@@ -242,8 +242,8 @@ def table_with_download(frame: pd.DataFrame, key: str, file_name: str, *, displa
 
 # ------------------------------------------------------------------------------------------------- logs
 @st.cache_data(show_spinner="Validating the logs…", max_entries=16)
-def _parse_logs(files: tuple[tuple[str, bytes], ...]) -> LogImport:
-    return parse_logs(list(files))
+def _parse_logs(files: tuple[tuple[str, bytes], ...], device: str | None, build: str | None) -> LogImport:
+    return parse_logs(list(files), device=device, build=build)
 
 
 def example_log_files() -> tuple[tuple[str, bytes], ...]:
@@ -261,7 +261,9 @@ def using_example_log() -> bool:
 
 
 def log_import() -> LogImport:
-    return _parse_logs(log_files())
+    """This session's logs, with the Device logs page's labels (``logs_device``, ``logs_label``: already
+    validated there) filling the device/build of rows whose format names none."""
+    return _parse_logs(log_files(), st.session_state.get("logs_device"), st.session_state.get("logs_label"))
 
 
 def log_mapping(labels: Sequence[str], refs: Sequence[AnalysisRef]) -> dict[str, str | None]:

@@ -6,7 +6,10 @@ rejected whole or no row was accepted, 2 a bad argument. Errors go to stderr as 
 never as a traceback.
 
     python -m analyzer fit LOG [LOG ...] [--build LABEL=BUILD_PATH|BYTES ...] [--bw BYTES_PER_S]
-                           [--overhead] [--json]
+                           [--device NAME] [--label BUILD] [--overhead] [--json]
+
+LOG is any format ``analyzer.device.logs`` reads, recognised by content (llama-bench markdown/CSV/JSON/SQL,
+llama.cpp / mlx_lm / ExecuTorch / ANEMLL runner output, qfold's CSV). Only decode runs are fitted.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from analyzer import fmt
+from analyzer.device.bandwidth import BW_RANGE_BYTES_PER_S
 from analyzer.device.fit import BandwidthReport, bandwidth_report
 from analyzer.device.logs import (
     LogImport,
     LogLimits,
     check_size,
+    normalize_label,
     parse_decimal,
     parse_logs,
 )
@@ -48,7 +53,17 @@ def _bw_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}; give bytes/s, e.g. 55900000000") from e
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: bandwidth must be a finite number of bytes/s > 0")
+    lo, hi = BW_RANGE_BYTES_PER_S
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: bandwidth must be between {lo:g} and {hi:g} bytes/s")
     return value
+
+
+def _label_arg(text: str) -> str:
+    label = normalize_label(text)
+    if not label or any(ord(c) < 32 or c == "\x7f" for c in label):
+        raise argparse.ArgumentTypeError(f"{text!r}: a label must be non-empty, without control characters")
+    return label
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -57,7 +72,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "fit",
         help="cross-check device logs against graph bytes/token and fit a bandwidth per device",
         description=(
-            "Import device logs (qfold CSV, llama-bench CSV/JSON), compare measured tok/s with the "
+            "Import device logs (any format, recognised by content: llama-bench markdown/CSV/JSON/JSONL/SQL, "
+            "llama.cpp, mlx_lm, ExecuTorch and ANEMLL runner output, qfold's CSV), compare measured decode tok/s "
+            "with the "
             "bandwidth model tok/s = BW / bytes_per_token, and fit BW (and an optional per-token "
             "overhead) per device. MB = 10^6 bytes."
         ),
@@ -71,6 +88,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--bw", type=_bw_arg, metavar="BYTES_PER_S",
                         help="fixed bandwidth in bytes/s for all devices (default: fitted per device "
                              "where possible, else the write-up's 55,900 MB/s)")
+    parser.add_argument("--device", type=_label_arg, metavar="NAME",
+                        help="device name for rows whose format names none (llama-bench markdown, runner logs); "
+                             "without it the file name stands in, with a warning")
+    parser.add_argument("--label", type=_label_arg, metavar="BUILD",
+                        help="build label for rows whose format names none (runner logs); map it to an analysis "
+                             "with --build BUILD=PATH; without it the file name stands in")
     parser.add_argument("--overhead", action="store_true",
                         help="fit a fixed per-token time t0 as well: t = bytes/BW + t0")
     parser.add_argument("--json", action="store_true", dest="as_json", help="print one JSON object")
@@ -103,7 +126,7 @@ def _graph_bytes(specs: Sequence[str]) -> dict[str, GraphSource]:
     graph: dict[str, GraphSource] = {}
     for spec in specs:
         label, sep, value = spec.partition("=")
-        label, value = label.strip(), value.strip()
+        label, value = normalize_label(label), value.strip()  # as the logs' labels are normalised
         if not sep or not label or not value:
             raise _ArgumentError(f"--build {spec!r}: expected LABEL=BUILD_PATH or LABEL=BYTES_PER_TOKEN")
         if label in graph:
@@ -167,10 +190,8 @@ def _finite(value: Any) -> Any:
 
 def _json_payload(imported: LogImport, result: BandwidthReport, graph: dict[str, GraphSource]) -> dict[str, Any]:
     summaries, bandwidth, fits, report = result.summaries, result.bandwidth, result.fits, result.crosscheck
-    stats = {(s.build, s.device): s for s in summaries}
     builds = []
-    for row in report.builds:
-        s = stats[(row.build, row.device)]
+    for row, s in zip(report.builds, summaries, strict=True):  # crosscheck keeps the summaries' order
         builds.append({
             "label": row.build,
             "device": row.device,
@@ -278,7 +299,7 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
     except _ArgumentError as e:
         _error(str(e), err)
         return 2
-    imported = parse_logs(files, limits)
+    imported = parse_logs(files, limits, device=args.device, build=args.label)
     if imported.rejected_files or not imported.measurements:
         for issue in imported.issues:
             print(issue.describe(), file=err)
@@ -286,6 +307,10 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
                   else "no row was accepted")
         _error(f"log import failed ({reason})", err)
         return 1
+    if not any(m.phase == "decode" for m in imported.measurements):  # the model is a model of decode steps
+        phases = ", ".join(sorted({m.phase for m in imported.measurements}))
+        print(f"{PROG}: note: no decode run to fit (the accepted runs are {phases}); prefill and mixed runs "
+              "are listed but never fitted", file=err)
     try:
         result = bandwidth_report(imported.measurements, {g.label: g.bytes_per_token for g in graph.values()},
                                   fixed_bw_bytes_per_s=args.bw, overhead=args.overhead)

@@ -31,8 +31,18 @@ from types import MappingProxyType
 from typing import Literal
 
 from analyzer import fmt
+from analyzer.device.logs import TOK_PER_S_RANGE
 
 AssumptionKind = Literal["fixed", "fit", "preset"]
+
+BW_RANGE_BYTES_PER_S: tuple[float, float] = (1e3, 1e16)
+"""Accepted bandwidths, inclusive. Judgement: 1 kB/s is below any memory system; 10^16 B/s (10 PB/s) is
+~1,000x the fastest HBM3e package (~8 TB/s). Inside it, and with tok/s inside ``TOK_PER_S_RANGE`` and bytes
+below 2^63, every product and quotient of the model stays a finite float64 (issue #11: 1e-300 tok/s or a
+1e308 B/s bandwidth overflowed the inferred bytes)."""
+
+MAX_BYTES_PER_TOKEN = 2**63 - 1
+"""Bytes per token are int64 wherever they are stored (frames, JSON consumers)."""
 
 DEFAULT_MAX_RESIDUAL_PCT = 10.0
 """Above this |measured − fitted| / measured, one bandwidth is said not to explain the builds.
@@ -106,11 +116,17 @@ def fixed_assumption(bw_bytes_per_s: float) -> BandwidthAssumption:
 def check_bw(bw_bytes_per_s: float) -> None:
     if isinstance(bw_bytes_per_s, bool) or not math.isfinite(bw_bytes_per_s) or bw_bytes_per_s <= 0:
         raise ValueError(f"bw_bytes_per_s must be a finite number > 0, got {bw_bytes_per_s!r}")
+    lo, hi = BW_RANGE_BYTES_PER_S
+    if not lo <= bw_bytes_per_s <= hi:
+        raise ValueError(f"bw_bytes_per_s {bw_bytes_per_s:g} is outside the accepted range {lo:g} to {hi:g} bytes/s")
 
 
 def check_overhead(overhead_s: float) -> None:
     if isinstance(overhead_s, bool) or not math.isfinite(overhead_s) or overhead_s < 0:
         raise ValueError(f"overhead_s must be a finite number >= 0, got {overhead_s!r}")
+    if overhead_s > 1.0 / TOK_PER_S_RANGE[0]:
+        raise ValueError(f"overhead_s {overhead_s:g} s is longer than the slowest accepted token "
+                         f"({1.0 / TOK_PER_S_RANGE[0]:g} s)")
 
 
 def check_bytes(bytes_per_token: int) -> None:
@@ -119,11 +135,16 @@ def check_bytes(bytes_per_token: int) -> None:
                          f"got {bytes_per_token!r}")
     if bytes_per_token <= 0:
         raise ValueError(f"bytes_per_token must be > 0, got {bytes_per_token}")
+    if bytes_per_token > MAX_BYTES_PER_TOKEN:
+        raise ValueError(f"bytes_per_token {bytes_per_token} is over 2^63 - 1")
 
 
 def check_tok(tok_per_s: float) -> None:
     if isinstance(tok_per_s, bool) or not math.isfinite(tok_per_s) or tok_per_s <= 0:
         raise ValueError(f"tok_per_s must be a finite number > 0, got {tok_per_s!r}")
+    lo, hi = TOK_PER_S_RANGE
+    if not lo <= tok_per_s <= hi:
+        raise ValueError(f"tok_per_s {tok_per_s:g} is outside the accepted range {lo:g} to {hi:g} tok/s")
 
 
 def predicted_tok_per_s(bw_bytes_per_s: float, bytes_per_token: int, overhead_s: float = 0.0) -> float:

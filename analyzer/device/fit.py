@@ -13,6 +13,7 @@ import numpy as np
 
 from analyzer import fmt
 from analyzer.device.bandwidth import (
+    BW_RANGE_BYTES_PER_S,
     DEFAULT_BANDWIDTH_PRESET,
     DEFAULT_MAX_RESIDUAL_PCT,
     BandwidthAssumption,
@@ -172,8 +173,9 @@ def fit_bandwidth(
     # A t0 within 1e-9 of the mean time per token is numerical noise around 0, not a negative cost.
     tolerance_s = 1e-9 * float(t.mean())
     bw_ok = math.isfinite(bw) and bw > 0
+    bw_in_range = bw_ok and BW_RANGE_BYTES_PER_S[0] <= bw <= BW_RANGE_BYTES_PER_S[1]
     t0_ok = t0 >= -tolerance_s
-    physical = bw_ok and t0_ok and bool(np.all(fitted_t > 0))
+    physical = bw_in_range and t0_ok and bool(np.all(fitted_t > 0))
     dof = len(points) - n_params
     explains = model != "single-point" and physical and dof >= 1 and max_abs <= max_residual_pct
 
@@ -189,9 +191,12 @@ def fit_bandwidth(
         reasons = []
         if not bw_ok:
             reasons.append("bandwidth ≤ 0 (builds with more bytes/token ran as fast or faster)")
+        elif not bw_in_range:
+            reasons.append(f"bandwidth {bw:g} bytes/s outside {BW_RANGE_BYTES_PER_S[0]:g} to "
+                           f"{BW_RANGE_BYTES_PER_S[1]:g} bytes/s")
         if not t0_ok:
             reasons.append(f"negative per-token overhead ({t0 * 1e3:.3f} ms)")
-        if bw_ok and t0_ok:
+        if bw_in_range and t0_ok:
             reasons.append("a fitted time per token ≤ 0")
         verdict = (f"one bandwidth does not explain these builds on {device}: the fit is non-physical "
                    f"({'; '.join(reasons)}); residuals up to {max_abs:.1f}%; the Neural Engine's "
