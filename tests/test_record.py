@@ -133,8 +133,8 @@ def test_malformed_fields_are_named(v1_doc, tmp_path, path, value, fragment):
 
 @pytest.mark.parametrize(("content", "fragment"), [
     (b"\xff\xfe{}", "not UTF-8 text (byte 0)"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b'{"schema_version": 2, "x": NaN}', "not strict JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 64 levels"),
+    (b'{"schema_version": 2, "x": NaN}', "field x is NaN; only finite numbers are accepted"),
     (b'{"schema_version": 2,', "not valid JSON"),
     (b"[1, 2]", "expected an object, got a list"),
     (b"", "not valid JSON"),
