@@ -19,12 +19,21 @@ import streamlit as st
 from analyzer.build.builds import queue
 from analyzer.build.jobs import BuildJob, JobSnapshot
 from analyzer.device import bandwidth as bw
-from analyzer.device.logs import LogImport, parse_logs, summarize
+from analyzer.device.logs import BuildDeviceSummary, LogImport, parse_logs, summarize
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB, to_csv
 from analyzer.graph.accounting import account
 from analyzer.graph.record import load_program, program_from_json
-from analyzer.report.catalog import AnalysisRef, builds_root, catalog, default_log_mapping, default_pair
+from analyzer.report.catalog import (
+    AnalysisRef,
+    MeasuredPair,
+    builds_root,
+    catalog,
+    default_log_mapping,
+    default_pair,
+    measured_for,
+    measured_pairs,
+)
 from analyzer.report.figures import BandwidthCurve, bandwidth_frame, op_frame, pairs_frame
 from analyzer.report.report import BandwidthSection
 
@@ -91,9 +100,10 @@ def op_table(ref: AnalysisRef) -> pd.DataFrame:
 
 
 def ab_pair(refs: Sequence[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
-    """The A/B page's current pair (its defaults when the user has not chosen)."""
+    """The A/B page's current pair (when the user has not chosen: the pair the device logs measured, else the
+    shipped default)."""
     by_id = refs_by_id(refs)
-    default = default_pair(list(refs))
+    default = default_pair(list(refs), measured_ab_pairs(refs))
     a = by_id.get(st.session_state.get("ab_a", "")) or (default[0] if default else None)
     b = by_id.get(st.session_state.get("ab_b", "")) or (default[1] if default else None)
     return (a, b) if a is not None and b is not None else None
@@ -120,6 +130,13 @@ def persisted_selectbox(label: str, options: Sequence[Any], key: str, default: A
     index = options.index(st.session_state[key]) if options else None
     st.selectbox(label, options, index=index, key=widget, on_change=sync, format_func=format_func, **kwargs)
     return st.session_state[key]
+
+
+def set_persisted(values: dict[str, Any]) -> None:
+    """Set persisted widgets' values (as a button callback: before the widgets are drawn again)."""
+    for key, value in values.items():
+        st.session_state[key] = value
+        st.session_state.pop(f"{key}__widget", None)  # the widget is drawn afresh from ``key``
 
 
 def persisted_slider(label: str, key: str, default: float, **kwargs: Any) -> Any:
@@ -249,6 +266,25 @@ def log_mapping(labels: Sequence[str], refs: Sequence[AnalysisRef]) -> dict[str,
         mapping.update(default_log_mapping(new, list(refs), default_pair(list(refs))))
         st.session_state["logs_mapping"] = mapping
     return {label: mapping.get(label) for label in labels}
+
+
+def log_summaries_and_mapping(refs: Sequence[AnalysisRef]) -> tuple[list[BuildDeviceSummary], dict[str, str | None]]:
+    """This session's logs summarised per (build, device), and their build labels mapped to analyses."""
+    imported = log_import()
+    labels = list(dict.fromkeys(m.build for m in imported.measurements))
+    return summarize(imported.measurements), log_mapping(labels, refs)
+
+
+def measured_ab_pairs(refs: Sequence[AnalysisRef]) -> list[MeasuredPair]:
+    """The baseline/candidate A/Bs this session's logs measured (the write-up's log: the top8 pair)."""
+    summaries, mapping = log_summaries_and_mapping(refs)
+    return measured_pairs(list(refs), mapping, summaries)
+
+
+def measured(ref_a: AnalysisRef, ref_b: AnalysisRef, refs: Sequence[AnalysisRef]) -> MeasuredPair | None:
+    """What the logs measured for this A and B on one device, if they did."""
+    summaries, mapping = log_summaries_and_mapping(refs)
+    return measured_for(ref_a, ref_b, mapping, summaries)
 
 
 def graph_bytes(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> dict[str, int]:
