@@ -5,6 +5,7 @@ Contract (scripts depend on these names):
         [--compression SPEC]          last stdout line: the build folder
   inspect PATH [--json] [--ops] [--csv]   PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json]
+  graph A [B] [--layer N|outside] --out FILE.svg|FILE.dot [--no-collapse]   last stdout line: the file written
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
 Bad arguments and failed steps exit non-zero with one line on stderr, no traceback.
 """
@@ -20,7 +21,8 @@ from analyzer.errors import QfoldError
 
 # Every subcommand, in --help order: a module ``analyzer.cli.<name>`` with ``add_parser(subparsers)`` that sets
 # ``func``. Imported directly: a broken subcommand is an error, never silently missing.
-COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "fit", "compression", "reanalyze", "presets", "builds")
+COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "graph", "fit", "compression", "reanalyze", "presets",
+                             "builds")
 
 
 def make_parser() -> Parser:

@@ -25,7 +25,8 @@ from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, predicted_tok_per_s
 from analyzer.fmt import MB, MIB
 from analyzer.graph.accounting import CATEGORIES
 from analyzer.graph.diff import diff_documents
-from analyzer.report import figures
+from analyzer.graph.record import program_from_json
+from analyzer.report import figures, graphview
 
 NO_RUNTIME_NOTE = (
     "No Core ML runtime on Linux: no predict, no compute plan. The figures are static MIL analysis "
@@ -232,7 +233,8 @@ def _equivalence_text(eq: EquivalenceSummary | None) -> str:
 def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str = "A", label_b: str = "B",
                  bw_bytes_per_s: float = WRITEUP_AB_IPHONE.bytes_per_s, bandwidth: BandwidthSection | None = None,
                  generated_at: datetime | None = None) -> str:
-    """One self-contained HTML page: headline, charts with their tables, tiles, and the bandwidth check."""
+    """One self-contained HTML page: headline, charts with their tables, tiles, layer 0's graphs of A and B,
+    and the bandwidth check."""
     h = ab_headline(doc_a, doc_b, bw_bytes_per_s=bw_bytes_per_s, label_a=label_a, label_b=label_b)
     diff = diff_documents(doc_a, doc_b)
     fig = _Figures()
@@ -274,6 +276,8 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
                      f"{int(tiles['output_bytes'].sum()):,} bytes of output</p>")
         if len(tiles):
             parts.append(_table(tiles))
+    parts.append(graphview.report_html(program_from_json(doc_a["program"]), program_from_json(doc_b["program"]),
+                                       label_a, label_b, layer=0))
     layers = figures.layer_frame(doc_a, doc_b, "A", "B")
     parts += ["<h2>Bytes per token by layer</h2>", fig(figures.layer_figure(layers)), _table(layers)]
     if bandwidth is not None:
