@@ -513,7 +513,7 @@ def _label(node: GraphNode) -> str:
     else:
         third = f"{_size(node.bytes_per_token)}/token"
         if node.replication_bytes:
-            third += f" · {_size(node.replication_bytes)} copied"
+            third += f" · {_size(node.replication_bytes)} replication"
     lines = [f'<B>{_html(_cut(node.title))}</B>', _html(_cut(node.output)), _html(third),
              f'<FONT POINT-SIZE="8">{_html(node.badge) or "&#160;"}</FONT>']
     return "<" + "<BR/>".join(lines) + ">"
@@ -761,9 +761,8 @@ STRUCTDIFF_COLUMNS = ("layer", "ops_a", "ops_b", "delta_ops", "matched", "change
 def structdiff_frame(diff: StructuralDiff) -> pd.DataFrame:
     """Per layer: op counts (constants included), matched / changed / only-A / only-B, the type deltas and
     the verdict; ``layer`` is the layer number or ``outside``."""
-    frame = pd.DataFrame(diff.rows(), columns=list(STRUCTDIFF_COLUMNS))
-    frame["layer"] = [OUTSIDE_LAYERS if v is None else str(v) for v in frame["layer"]]
-    return frame
+    rows = [{**r, "layer": OUTSIDE_LAYERS if r["layer"] is None else str(r["layer"])} for r in diff.rows()]
+    return pd.DataFrame(rows, columns=list(STRUCTDIFF_COLUMNS))
 
 
 def alignment_frame(diff: LayerDiff, program_a: MilProgram, program_b: MilProgram) -> pd.DataFrame:
