@@ -48,11 +48,11 @@ def _diff(a: tuple[str, float], b: tuple[str, float]) -> StructuralDiff:
 
 @st.cache_resource(show_spinner="Laying the graphs out…", max_entries=16)
 def _view(a: tuple[str, float], b: tuple[str, float] | None, layer: str, collapse: bool, label_a: str,
-          label_b: str) -> tuple[gv.LayerView, tuple[str, ...] | None]:
+          label_b: str, key_a: str) -> tuple[gv.LayerView, tuple[str, ...] | None]:
     """The layer's picture and, when Graphviz is installed, its SVGs (None otherwise)."""
     program_b = _program(*b) if b is not None else None
     view = gv.layer_view(_program(*a), program_b, gv.parse_layer(layer), label_a=label_a, label_b=label_b,
-                         collapse=collapse, diff=_diff(a, b) if b is not None else None)
+                         collapse=collapse, diff=_diff(a, b) if b is not None else None, keys=(key_a, "B"))
     svgs = tuple(gv.render_sides(view)) if gv.dot_binary() else None
     return view, svgs
 
@@ -108,18 +108,18 @@ def _layer_graphs(choices: list[str], key_a: tuple[str, float], key_b: tuple[str
         st.info("This program has no ops to draw.")
         return
     pick, fold = st.columns([3, 2], vertical_alignment="bottom")
-    layer = pick.selectbox("Layer", choices, key="ab_graph_layer", format_func=_layer_label)
+    layer = pick.selectbox("Layer to draw", choices, key="ab_graph_layer", format_func=_layer_label)
     collapse = fold.toggle("Collapse chains of elementwise ops", value=True, key="ab_graph_collapse",
                            help="A run of elementwise ops, reductions and views with one status and one reader "
                                 "each becomes one dashed node; the tooltip lists its ops.")
     if single_side is None:
-        args = (key_a, key_b, label_a, label_b)
+        args = (key_a, key_b, label_a, label_b, "A")
     elif single_side == "a":
-        args = (key_a, None, label_a, "")
+        args = (key_a, None, label_a, "", "A")
     else:
-        args = (key_b, None, label_b, "")
+        args = (key_b, None, label_b, "", "B")
     try:
-        view, svgs = _view(args[0], args[1], layer, collapse, args[2], args[3])
+        view, svgs = _view(args[0], args[1], layer, collapse, *args[2:])
     except QfoldError as e:
         st.error(str(e))
         return

@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from analyzer.build import jobs
 from analyzer.build.builds import BuildResult, BuildSpec
+from analyzer.device.logs import parse_logs, summarize
 from analyzer.errors import BuildError
 from analyzer.fmt import MIB
 from analyzer.model.sources import resolve_source
-from analyzer.report.catalog import catalog, default_pair, shipped_analyses
-from analyzer.build import jobs
+from analyzer.report.catalog import catalog, default_log_mapping, default_pair, measured_pairs, shipped_analyses
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app.py"
+EXAMPLE_LOG = REPO / "examples" / "writeup_device_logs.csv"
 PAGES = ["app_pages/ab.py", "app_pages/builds.py", "app_pages/device_logs.py", "app_pages/bandwidth.py",
          "app_pages/export.py"]
 TIMEOUT_S = 120
@@ -46,10 +48,15 @@ def texts(elements) -> list[str]:
 
 @pytest.fixture(scope="module")
 def expected_pair(tiny_builds) -> tuple[dict, dict]:
-    """The two analyses the A/B page opens on, loaded the way the app loads them."""
+    """The two analyses the A/B page opens on (the pair the example device log measured, else the shipped
+    default), loaded the way the app loads them."""
     from analyzer.graph.record import load_program
 
-    pair = default_pair(catalog())
+    refs = catalog()
+    measured = parse_logs([(EXAMPLE_LOG.name, EXAMPLE_LOG.read_bytes())]).measurements
+    labels = list(dict.fromkeys(m.build for m in measured))
+    mapping = default_log_mapping(labels, refs, default_pair(refs))
+    pair = default_pair(refs, measured_pairs(refs, mapping, summarize(measured)))
     assert pair is not None
     return load_program(pair[0].path)[1], load_program(pair[1].path)[1]
 

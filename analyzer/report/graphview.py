@@ -186,8 +186,9 @@ class _Side:
 
 def layer_view(program_a: MilProgram, program_b: MilProgram | None = None, layer: int | None = 0, *,
                label_a: str = "A", label_b: str = "B", collapse: bool = True,
-               diff: StructuralDiff | None = None) -> LayerView:
-    """The picture of ``layer`` (None: outside the layers) of A, or of A and B aligned."""
+               diff: StructuralDiff | None = None, keys: tuple[str, str] = ("A", "B")) -> LayerView:
+    """The picture of ``layer`` (None: outside the layers) of A, or of A and B aligned. ``keys`` name the
+    sides (and prefix their node ids): ("B", "A") draws B alone as "B"."""
     ha = home_layers(program_a)
     if program_b is None:
         drawn = [op.index for op in program_a.ops if ha[op.index] == layer and not is_const_like(op)]
@@ -198,10 +199,10 @@ def layer_view(program_a: MilProgram, program_b: MilProgram | None = None, layer
     else:
         layer_diff = _layer_diff(diff or structural_diff(program_a, program_b), layer, label_a, label_b)
         rows = [(r.a, r.b, r.status) for r in layer_diff.rows if not r.const]
-    sides = [_Side("A", label_a, program_a, ha, account(program_a), {a: s for a, _, s in rows if a is not None},
+    sides = [_Side(keys[0], label_a, program_a, ha, account(program_a), {a: s for a, _, s in rows if a is not None},
                    {a: k for k, (a, _, _) in enumerate(rows) if a is not None})]
     if program_b is not None:
-        sides.append(_Side("B", label_b, program_b, home_layers(program_b), account(program_b),
+        sides.append(_Side(keys[1], label_b, program_b, home_layers(program_b), account(program_b),
                            {b: s for _, b, s in rows if b is not None},
                            {b: k for k, (_, b, _) in enumerate(rows) if b is not None}))
     row_depth = _row_depths(rows, sides)
