@@ -132,10 +132,10 @@ r2[2].metric(f"predicted tok/s at {bw_mb_s:,.0f} MB/s", f"{rate(h.tok_per_s_a)} 
              delta=f"×{h.speedup:.2f} (= bytes A ÷ bytes B)", delta_color="normal" if h.speedup >= 1 else "inverse",
              help="tok/s = BW ÷ bytes per token; the ratio does not depend on BW")
 if measured:
-    r2[3].metric(f"measured tok/s on {measured.device}", f"{measured.tok_per_s_a:.2f} → {measured.tok_per_s_b:.2f}",
+    r2[3].metric("measured tok/s (device logs)", f"{measured.tok_per_s_a:.2f} → {measured.tok_per_s_b:.2f}",
                  delta=f"×{measured.speedup:.2f} measured",
                  delta_color="normal" if measured.speedup >= 1 else "inverse",
-                 help=f"Device logs: {measured.build_a} ({measured.runs_a} run(s)) and {measured.build_b} "
+                 help=f"{measured.device}: {measured.build_a} ({measured.runs_a} run(s)) and {measured.build_b} "
                       f"({measured.runs_b} run(s)), means; see the Bandwidth model page for the cross-check.")
 
 by_cat, about = st.columns([3, 2])
