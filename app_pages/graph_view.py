@@ -48,13 +48,17 @@ def _diff(a: tuple[str, float], b: tuple[str, float]) -> StructuralDiff:
 
 @st.cache_resource(show_spinner="Laying the graphs out…", max_entries=16)
 def _view(a: tuple[str, float], b: tuple[str, float] | None, layer: str, collapse: bool, label_a: str,
-          label_b: str, key_a: str) -> tuple[gv.LayerView, tuple[str, ...] | None]:
-    """The layer's picture and, when Graphviz is installed, its SVGs (None otherwise)."""
+          label_b: str, key_a: str) -> tuple[gv.LayerView, tuple[str, ...] | None, str | None]:
+    """The layer's picture; its SVGs when Graphviz is installed and can draw it (else None); and why it cannot
+    be drawn at all (too large), else None."""
     program_b = _program(*b) if b is not None else None
     view = gv.layer_view(_program(*a), program_b, gv.parse_layer(layer), label_a=label_a, label_b=label_b,
                          collapse=collapse, diff=_diff(a, b) if b is not None else None, keys=(key_a, "B"))
-    svgs = tuple(gv.render_sides(view)) if gv.dot_binary() else None
-    return view, svgs
+    try:
+        gv.check_layout_size(view)
+    except gv.GraphvizError as e:
+        return view, None, str(e)
+    return view, tuple(gv.render_sides(view)) if gv.dot_binary() else None, None
 
 
 def _layer_label(value: str) -> str:
@@ -119,11 +123,13 @@ def _layer_graphs(choices: list[str], key_a: tuple[str, float], key_b: tuple[str
     else:
         args = (key_b, None, label_b, "", "B")
     try:
-        view, svgs = _view(args[0], args[1], layer, collapse, *args[2:])
+        view, svgs, too_large = _view(args[0], args[1], layer, collapse, *args[2:])
     except QfoldError as e:
         st.error(str(e))
         return
-    if svgs is not None:
+    if too_large:
+        st.warning(too_large)
+    elif svgs is not None:
         st.iframe(gv.pair_html(view, svgs, height_px=FRAME_HEIGHT_PX), height=FRAME_HEIGHT_PX,
                   alt=f"Graph of {view.title}")
     else:
@@ -140,7 +146,7 @@ def _layer_graphs(choices: list[str], key_a: tuple[str, float], key_b: tuple[str
     c1.download_button("Download DOT", gv.view_dot(view), f"{stem}.dot", "text/vnd.graphviz", key="ab_graph_dot",
                        icon=":material/download:", on_click="ignore")
     if svgs is not None:
-        c2.download_button("Download SVG", lambda: gv.render_svg(gv.view_dot(view)), f"{stem}.svg", "image/svg+xml",
+        c2.download_button("Download SVG", lambda: gv.render_view(view), f"{stem}.svg", "image/svg+xml",
                            key="ab_graph_svg", icon=":material/download:", on_click="ignore")
     c3.download_button("Download nodes CSV", shared.frame_csv(nodes), f"{stem}_nodes.csv", "text/csv",
                        key="ab_graph_nodes_csv", icon=":material/download:", on_click="ignore")

@@ -4,6 +4,7 @@ and the SVG Graphviz makes of it, the frames behind the picture, and hostile op 
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections import Counter
 from dataclasses import replace
@@ -174,3 +175,23 @@ def test_frames_behind_the_picture(pair, view0):
 def test_report_section_embeds_both_graphs(pair):
     section = gv.report_html(*pair, "repeat_kv", "qfold", layer=0)
     assert section.count("<svg") == 2 and "layer 0 differs only in attention" in section
+
+
+def test_a_picture_too_large_for_dot_is_refused_but_its_dot_is_written(pair, tmp_path, capsys):
+    """A program whose op names give no layer numbers has everything "outside": ten layers' worth of nodes
+    (563) would keep dot busy for minutes, so the SVG is refused and the DOT still written."""
+    from analyzer.cli import main
+    from analyzer.graph.record import program_document
+
+    program = pair[0]
+    merged = replace(program, ops=tuple(replace(op, layer=None) if (op.layer or 0) < 10 else op for op in program.ops))
+    view = gv.layer_view(merged, None, None)
+    assert len(view.sides[0].nodes) > gv.MAX_NODES_PER_SIDE
+    with pytest.raises(gv.GraphvizError, match="download the DOT"):
+        gv.render_sides(view)
+    path = tmp_path / "merged.analysis.json"
+    path.write_text(json.dumps(program_document(merged)))
+    assert main(["graph", str(path), "--layer", "outside", "--out", str(tmp_path / "x.svg")]) == 1
+    assert "download the DOT instead" in capsys.readouterr().err
+    assert main(["graph", str(path), "--layer", "outside", "--out", str(tmp_path / "x.dot")]) == 0
+    assert len(_NODE.findall((tmp_path / "x.dot").read_text())) == len(view.sides[0].nodes)

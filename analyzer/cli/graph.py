@@ -54,8 +54,7 @@ def cmd_graph(args) -> int:
     program_b = load_program(args.b)[0] if args.b else None
     view = gv.layer_view(program_a, program_b, layer, label_a=label_of(args.a),
                          label_b=label_of(args.b) if args.b else "B", collapse=not args.no_collapse)
-    dot_text = gv.view_dot(view)
-    text = gv.render_svg(dot_text) if out.suffix.lower() == ".svg" else dot_text
+    text = gv.render_view(view) if out.suffix.lower() == ".svg" else gv.view_dot(view)
     try:
         out.write_text(text, encoding="utf-8")
     except OSError as e:

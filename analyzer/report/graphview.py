@@ -53,6 +53,9 @@ from analyzer.graph.structdiff import (
 from analyzer.report.figures import OUTSIDE_LAYERS
 
 GRAPHVIZ_TIMEOUT_S = 60
+# dot's layout time grows fast with the node count: on the 2-core development machine a 239-node side took
+# 2.4 s and a 563-node side more than 60 s. Larger pictures are refused (their DOT can still be written).
+MAX_NODES_PER_SIDE = 300
 NodeKind = Literal["op", "chain", "input", "state", "output"]
 EdgeKind = Literal["act", "kv", "replication"]
 
@@ -663,8 +666,24 @@ def _pad_svg(svg: str, width_pt: float, height_pt: float) -> str:
     return svg[:m.start()] + head + svg[m.end():]
 
 
+def check_layout_size(view: LayerView) -> None:
+    """Refuse to lay out a picture too large for ``dot`` to finish in reasonable time."""
+    biggest = max((len(g.nodes) for g in view.sides), default=0)
+    if biggest > MAX_NODES_PER_SIDE:
+        raise GraphvizError(f"{view.title} has {biggest:,} nodes on one side, more than the {MAX_NODES_PER_SIDE} "
+                            "Graphviz lays out in reasonable time; download the DOT instead (or pick a layer: a "
+                            "program whose op names give no layer numbers has everything outside the layers)")
+
+
+def render_view(view: LayerView) -> str:
+    """The whole picture (:func:`view_dot`) as one SVG."""
+    check_layout_size(view)
+    return render_svg(view_dot(view))
+
+
 def render_sides(view: LayerView) -> list[str]:
     """One SVG per side, padded to a common canvas so the rows line up at one scale."""
+    check_layout_size(view)
     svgs = [render_svg(side_dot(view, i)) for i in range(len(view.sides))]
     sizes = [svg_size_pt(s) for s in svgs]
     width, height = max(w for w, _ in sizes), max(h for _, h in sizes)
