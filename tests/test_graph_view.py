@@ -195,3 +195,14 @@ def test_a_picture_too_large_for_dot_is_refused_but_its_dot_is_written(pair, tmp
     assert "download the DOT instead" in capsys.readouterr().err
     assert main(["graph", str(path), "--layer", "outside", "--out", str(tmp_path / "x.dot")]) == 0
     assert len(_NODE.findall((tmp_path / "x.dot").read_text())) == len(view.sides[0].nodes)
+
+
+@needs_dot
+def test_html_report_embeds_layer0_of_a_and_b():
+    from analyzer.report.report import build_report
+
+    docs = [load_program(SHIPPED_DIR / f"{stem}.analysis.json")[1] for stem in (REPEAT_KV, QFOLD)]
+    page = build_report(*docs, label_a="repeat_kv", label_b="qfold")
+    section = page[page.index("<h2>Graph of layer 0</h2>"):]
+    side_a, side_b = section.split('id="side-B"')[0], section.split('id="side-B"')[1].split("</svg>")[0]
+    assert side_a.count('class="node op optype&#45;tile') == 2 and "optype&#45;tile" not in side_b

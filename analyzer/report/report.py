@@ -276,8 +276,9 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
                      f"{int(tiles['output_bytes'].sum()):,} bytes of output</p>")
         if len(tiles):
             parts.append(_table(tiles))
-    parts.append(graphview.report_html(program_from_json(doc_a["program"]), program_from_json(doc_b["program"]),
-                                       label_a, label_b, layer=0))
+    if "program" in doc_a and "program" in doc_b:  # summaries made by hand have no op records to draw
+        parts.append(graphview.report_html(program_from_json(doc_a["program"]),
+                                           program_from_json(doc_b["program"]), label_a, label_b, layer=0))
     layers = figures.layer_frame(doc_a, doc_b, "A", "B")
     parts += ["<h2>Bytes per token by layer</h2>", fig(figures.layer_figure(layers)), _table(layers)]
     if bandwidth is not None:
