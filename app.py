@@ -6,9 +6,7 @@ import streamlit as st
 import analyzer
 from app_pages import shared
 
-# An emoji favicon is drawn as an inline SVG; a material icon (the default page's, without this) is fetched from
-# fonts.gstatic.com, and the app makes no request to an outside host.
-st.set_page_config(page_title="qfold", page_icon="🔀", layout="wide")
+st.set_page_config(page_title="qfold", layout="wide")  # no page_icon: a material icon favicon is fetched online
 
 pages = [
     st.Page("app_pages/ab.py", title="A/B", icon=":material/compare_arrows:", default=True),

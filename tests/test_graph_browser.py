@@ -1,6 +1,6 @@
 """The Graph view in a real browser (Debian chromium via Playwright): the A/B page opens on the measured top8 pair,
 the Graph tab draws layer 0 of repeat_kv and Q-fold side by side (two tiles on the repeat_kv side, none on the
-Q-fold side), picking another layer (from the picker or the structural-diff table) redraws it, and the page asks
+Q-fold side), picking another layer (from the picker or the structural-diff table) redraws it, and the view asks
 nothing of any outside host."""
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def test_graph_view_of_the_measured_pair(watched_page):
     page.get_by_text("measured tok/s (device logs)").first.wait_for()
     assert_no_crash(page)
 
+    requested.clear()  # from here on: what the Graph view asks for (test_browser_offline covers whole sessions)
     page.get_by_role("tab", name="Graph").click()
     page.get_by_text("layers 0–29 differ only in attention: −2 tile, −2 expand_dims, −4 const each").first.wait_for()
     frame = _graphs(page, "0")
