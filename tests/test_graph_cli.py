@@ -10,8 +10,10 @@ import pytest
 
 from analyzer.cli import main
 from analyzer.graph.mil import MilProgram, find_package, read_program
+from analyzer.graph.record import load_program
 from analyzer.graph.structdiff import home_layers, is_const_like, structural_diff
 from analyzer.report import graphview as gv
+from analyzer.report.catalog import SHIPPED_DIR
 
 pytestmark = pytest.mark.conversion
 
@@ -76,6 +78,13 @@ def test_tiny_pair_structural_diff(tiny_builds):
     assert diff.verdict == ("layers 0–1 differ only in attention: −2 tile, −2 expand_dims, −4 const each; "
                             "outside the layers: identical")
     assert pb.total_ops - pa.total_ops == -16
+    # against the 30-layer shipped Q-fold: layers 2–29 exist on one side only
+    shipped = load_program(SHIPPED_DIR / "exaone-4.0-1.2b-qfold-state-ctx4096.analysis.json")[0]
+    wide = structural_diff(pa, shipped)
+    assert [d.layer for d in wide.layers] == [*range(30), None]
+    assert wide.layer(5).verdict == f"layer 5 only in B: {wide.layer(5).ops_b:,} ops"
+    assert wide.layer(5).ops_a == 0 and wide.layer(5).only_b == wide.layer(5).ops_b
+    assert "layers 2–28 only in B: 142 ops each; layer 29 only in B: 152 ops" in wide.verdict
 
 
 def test_bad_requests_fail_in_one_line(tiny_builds, tmp_path, capsys, monkeypatch):

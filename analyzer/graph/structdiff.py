@@ -132,9 +132,12 @@ class LayerDiff:
 
     @property
     def change_text(self) -> str:
-        """``differ only in attention: −2 tile, −2 expand_dims, −4 const``, or ``identical`` (no subject)."""
+        """``differ only in attention: −2 tile, −2 expand_dims, −4 const``, ``only in B: 142 ops`` or
+        ``identical`` (no subject)."""
         if self.identical:
             return "identical"
+        if not (self.ops_a and self.ops_b):  # a layer one program does not have
+            return f"only in {'A' if self.ops_a else 'B'}: {self.ops_a or self.ops_b:,} ops"
         where = " only in attention" if self.in_attention else ""
         if self.type_deltas:
             what = ", ".join(_signed(d) + f" {t}" for t, d in self.type_deltas)
@@ -203,6 +206,8 @@ class StructuralDiff:
 def _sentence(subject: str, change_text: str, *, plural: bool) -> str:
     if change_text == "identical":
         return f"{subject}: identical"
+    if change_text.startswith("only in"):
+        return f"{subject} {change_text}"
     return f"{subject} {change_text if plural else change_text.replace('differ', 'differs', 1)}"
 
 
