@@ -411,7 +411,7 @@ def _side_graph(side: _Side, layer: int | None, group_depth: dict[int, int]) -> 
                                                                   tensor.nbytes, kind))
 
     def entering(ref: InputRef) -> tuple[str, EdgeKind]:
-        """The node a tensor entering the layer is drawn as (top row)."""
+        """The node a tensor entering the layer is drawn as (placed just above its first reader, below)."""
         t = ref.tensor
         if ref.producer is None:
             is_state = t.name in states
