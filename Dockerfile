@@ -12,6 +12,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# Graphviz's dot draws the Graph tab, `python -m analyzer graph --out FILE.svg` and the report's layer graphs.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends graphviz \
+    && rm -rf /var/lib/apt/lists/*
+
 # torch first, the CPU-only wheel, pinned. requirements.txt pins torch==2.13.0, which the installed
 # 2.13.0+cpu satisfies (PEP 440 ignores the local label), so the next step never pulls the CUDA build.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu

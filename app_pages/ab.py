@@ -14,9 +14,16 @@ from analyzer.graph.diff import diff_analyses
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.report import figures
 from analyzer.report.assumptions import WEIGHT_CHARGE_TEXT
-from analyzer.report.catalog import BASELINE_VARIANT, CANDIDATE_VARIANT, DEFAULT_CTX, DEFAULT_KV_MODE, shipped_analyses
+from analyzer.report.catalog import (
+    BASELINE_VARIANT,
+    CANDIDATE_VARIANT,
+    DEFAULT_CTX,
+    DEFAULT_KV_MODE,
+    default_pair,
+    shipped_analyses,
+)
 from analyzer.report.headline import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, headline_frame
-from app_pages import shared
+from app_pages import graph_view, shared
 
 st.title("A/B: where the KV copies go")
 st.caption("Two Core ML decode graphs of one model, compared op by op: the `tile` ops `repeat_kv` leaves in the "
@@ -85,6 +92,20 @@ label_a, label_b = shared.short_label(ref_a), shared.short_label(ref_b)
 if a_id == b_id:
     st.warning("A and B are the same analysis: every difference below is zero.")
 
+# The page opens on the A/B the device logs measured; the shipped fp16 pair (predicted only) is one click away.
+logged, fp16 = shared.measured_ab_pairs(refs), default_pair(refs)
+measured = shared.measured(ref_a, ref_b, refs)
+if logged and fp16 is not None and (fp16[0].id, fp16[1].id) != (logged[0].a.id, logged[0].b.id):
+    on_logged = (a_id, b_id) == (logged[0].a.id, logged[0].b.id)
+    target = fp16 if on_logged else (logged[0].a, logged[0].b)
+    note, button = st.columns([5, 2], vertical_alignment="center")
+    note.caption(f"Opened on the A/B the device logs measured ({logged[0].build_a} → {logged[0].build_b} on "
+                 f"{logged[0].device})." if on_logged else
+                 "The device logs measured another pair; this one is predicted only." if measured is None else "")
+    button.button("Open the fp16 pair (predicted only)" if on_logged else "Back to the measured pair", key="ab_switch",
+                  icon=":material/swap_horiz:", on_click=shared.set_persisted,
+                  kwargs={"values": {"ab_a": target[0].id, "ab_b": target[1].id}})
+
 bw_mb_s = float(st.session_state.get("ab_bw_mb_s", shared.DEFAULT_BW_MB_S))
 h = ab_headline(analysis_a, analysis_b, bw_bytes_per_s=bw_mb_s * MB, label_a=label_a, label_b=label_b)
 diff = diff_analyses(analysis_a, analysis_b)
@@ -96,7 +117,7 @@ def rate(tok_per_s: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- headline
-r1, r2 = st.columns(3, border=True), st.columns(3, border=True)
+r1, r2 = st.columns(3, border=True), st.columns(4 if measured else 3, border=True)
 r1[0].metric("tile ops, A → B", f"{h.tiles_a:,} → {h.tiles_b:,}", delta=f"{h.tiles_b - h.tiles_a:+,} ops",
              delta_color="inverse")
 r1[1].metric("tile output per token, A → B", fmt.change(h.tile_bytes_a, h.tile_bytes_b, "MiB"),
@@ -112,6 +133,12 @@ r2[1].metric("bytes per token, A → B (MB)", fmt.change(ta, tb, "MB").removesuf
 r2[2].metric(f"predicted tok/s at {bw_mb_s:,.0f} MB/s", f"{rate(h.tok_per_s_a)} → {rate(h.tok_per_s_b)}",
              delta=f"×{h.speedup:.2f} (= bytes A ÷ bytes B)", delta_color="normal" if h.speedup >= 1 else "inverse",
              help="tok/s = BW ÷ bytes per token; the ratio does not depend on BW")
+if measured:
+    r2[3].metric("measured tok/s (device logs)", f"{measured.tok_per_s_a:.2f} → {measured.tok_per_s_b:.2f}",
+                 delta=f"×{measured.speedup:.2f} measured",
+                 delta_color="normal" if measured.speedup >= 1 else "inverse",
+                 help=f"{measured.device}: {measured.build_a} ({measured.runs_a} run(s)) and {measured.build_b} "
+                      f"({measured.runs_b} run(s)), means; see the Bandwidth model page for the cross-check.")
 
 for note in h.assumptions:
     st.caption(f"Assumed — {note}")
@@ -145,8 +172,9 @@ with about:
     st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
 
 # ---------------------------------------------------------------------------------------------- side by side
-t_bytes, t_ops, t_tiles, t_layers, t_drill = st.tabs(
-    ["Bytes by category", "Op counts", "Tiles", "Bytes per layer", "Ops behind a total"])
+t_bytes, t_ops, t_tiles, t_layers, t_drill, t_graph = st.tabs(
+    ["Bytes by category", "Op counts", "Tiles", "Bytes per layer", "Ops behind a total", "Graph"],
+    key="ab_tab", on_change="rerun")  # stateful, so the Graph tab runs only when it is open
 
 with t_bytes:
     chart, numbers = st.columns([5, 4])
@@ -227,6 +255,10 @@ with t_drill:
     st.markdown(f"**{len(d.rows):,} ops, sum {d.sum_bytes:,} bytes ({fmt.mib(d.sum_bytes, 2)}, "
                 f"{fmt.mb(d.sum_bytes, 2)})** per token{share}")
     shared.table_with_download(d.rows, "ab_drill_csv", f"ops_{side}_{category}.csv", max_height=420)
+
+with t_graph:
+    if t_graph.open:
+        graph_view.ab_section(ref_a, ref_b, label_a, label_b)
 
 with st.expander("Headline numbers as a table"):
     shared.table_with_download(headline_frame(h), "ab_headline_csv", "ab_headline.csv")

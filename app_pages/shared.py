@@ -21,14 +21,23 @@ from analyzer.build.builds import queue
 from analyzer.build.jobs import BuildJob, JobSnapshot
 from analyzer.device.bandwidth import WRITEUP_AB_IPHONE
 from analyzer.device.fit import BandwidthFit, BandwidthReport, bandwidth_report
-from analyzer.device.logs import LogImport, parse_logs
+from analyzer.device.logs import BuildDeviceSummary, LogImport, parse_logs, summarize
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB, to_csv
 from analyzer.graph.accounting import DEFAULT_WEIGHT_CHARGE, WeightCharge
 from analyzer.graph.record import Analysis, load_analysis
 from analyzer.report.assumptions import assumption_notes
 from analyzer.report.bandwidth_figures import BandwidthCurve, bandwidth_frame, pairs_frame
-from analyzer.report.catalog import AnalysisRef, builds_root, catalog, default_log_mapping, default_pair
+from analyzer.report.catalog import (
+    AnalysisRef,
+    MeasuredPair,
+    builds_root,
+    catalog,
+    default_log_mapping,
+    default_pair,
+    measured_for,
+    measured_pairs,
+)
 from analyzer.report.figures import op_frame
 from analyzer.report.report import BandwidthSection
 
@@ -101,9 +110,10 @@ def op_table(ref: AnalysisRef) -> pd.DataFrame:
 
 
 def ab_pair(refs: Sequence[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
-    """The A/B page's current pair (its defaults when the user has not chosen)."""
+    """The A/B page's current pair (when the user has not chosen: the pair the device logs measured, else the
+    shipped default)."""
     by_id = refs_by_id(refs)
-    default = default_pair(list(refs))
+    default = default_pair(list(refs), measured_ab_pairs(refs))
     a = by_id.get(st.session_state.get("ab_a", "")) or (default[0] if default else None)
     b = by_id.get(st.session_state.get("ab_b", "")) or (default[1] if default else None)
     return (a, b) if a is not None and b is not None else None
@@ -144,6 +154,13 @@ def persisted_radio(label: str, options: Sequence[Any], key: str, default: Any, 
 
     st.radio(label, options, index=options.index(st.session_state[key]), key=widget, on_change=sync, **kwargs)
     return st.session_state[key]
+
+
+def set_persisted(values: dict[str, Any]) -> None:
+    """Set persisted widgets' values (as a button callback: before the widgets are drawn again)."""
+    for key, value in values.items():
+        st.session_state[key] = value
+        st.session_state.pop(f"{key}__widget", None)  # the widget is drawn afresh from ``key``
 
 
 def persisted_slider(label: str, key: str, default: float, **kwargs: Any) -> Any:
@@ -281,6 +298,25 @@ def mapped_analyses(mapping: dict[str, str | None], refs: Sequence[AnalysisRef])
     """Build label → the analysis it is mapped to."""
     by_id = refs_by_id(refs)
     return {label: load(by_id[ref_id]) for label, ref_id in mapping.items() if ref_id and ref_id in by_id}
+
+
+def log_summaries_and_mapping(refs: Sequence[AnalysisRef]) -> tuple[list[BuildDeviceSummary], dict[str, str | None]]:
+    """This session's logs summarised per (build, device), and their build labels mapped to analyses."""
+    imported = log_import()
+    labels = list(dict.fromkeys(m.build for m in imported.measurements))
+    return summarize(imported.measurements), log_mapping(labels, refs)
+
+
+def measured_ab_pairs(refs: Sequence[AnalysisRef]) -> list[MeasuredPair]:
+    """The baseline/candidate A/Bs this session's logs measured (the write-up's log: the top8 pair)."""
+    summaries, mapping = log_summaries_and_mapping(refs)
+    return measured_pairs(list(refs), mapping, summaries)
+
+
+def measured(ref_a: AnalysisRef, ref_b: AnalysisRef, refs: Sequence[AnalysisRef]) -> MeasuredPair | None:
+    """What the logs measured for this A and B on one device, if they did."""
+    summaries, mapping = log_summaries_and_mapping(refs)
+    return measured_for(ref_a, ref_b, mapping, summaries)
 
 
 def graph_bytes(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> dict[str, int]:

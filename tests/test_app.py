@@ -13,13 +13,15 @@ from streamlit.testing.v1 import AppTest
 
 from analyzer.build import jobs
 from analyzer.build.builds import BuildResult, BuildSpec
+from analyzer.device.logs import parse_logs, summarize
 from analyzer.errors import BuildError
 from analyzer.fmt import MIB
 from analyzer.model.sources import resolve_source
-from analyzer.report.catalog import catalog, default_pair, shipped_analyses
+from analyzer.report.catalog import catalog, default_log_mapping, default_pair, measured_pairs, shipped_analyses
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app.py"
+EXAMPLE_LOG = REPO / "examples" / "writeup_device_logs.csv"
 PAGES = ["app_pages/ab.py", "app_pages/builds.py", "app_pages/device_logs.py", "app_pages/bandwidth.py",
          "app_pages/export.py"]
 TIMEOUT_S = 120
@@ -43,11 +45,16 @@ def texts(elements) -> list[str]:
 
 @pytest.fixture(scope="module")
 def expected_pair(tiny_builds):
-    """The two analyses the A/B page opens on (the shipped default pair)."""
+    """The two analyses the A/B page opens on (the pair the example device log measured, else the shipped
+    default), loaded the way the app loads them."""
     from analyzer.graph.record import load_analysis
 
-    pair = default_pair(catalog())
-    assert pair is not None and {pair[0].kind, pair[1].kind} == {"shipped"}
+    refs = catalog()
+    measured = parse_logs([(EXAMPLE_LOG.name, EXAMPLE_LOG.read_bytes())]).measurements
+    labels = list(dict.fromkeys(m.build for m in measured))
+    mapping = default_log_mapping(labels, refs, default_pair(refs))
+    pair = default_pair(refs, measured_pairs(refs, mapping, summarize(measured)))
+    assert pair is not None
     return load_analysis(pair[0].path), load_analysis(pair[1].path)
 
 
@@ -76,7 +83,9 @@ def test_ab_page_shows_the_default_pair(expected_pair):
     assert any("No Core ML runtime on Linux" in c for c in texts(at.caption))
     # the drill-down tab sums the ops of every category: all of them for the total
     assert any(f"sum {a.bytes_per_token.total:,} bytes" in m and "100.0% of" in m for m in texts(at.markdown))
-    assert not any("Assumed" in c for c in texts(at.caption))  # fp16 on both sides: nothing assumed
+    # the measured (top8) pair states the preset's assumed attention precision; an fp16 pair assumes nothing
+    compressed = a.build is not None and a.build.spec.compression is not None
+    assert any("Assumed" in c for c in texts(at.caption)) == compressed
 
 
 def test_ab_bandwidth_slider_changes_the_prediction(expected_pair):

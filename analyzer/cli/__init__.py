@@ -6,6 +6,7 @@ Contract (scripts depend on these names):
   inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}]
                                           PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}]
+  graph A [B] [--layer N|outside] --out FILE.svg|FILE.dot [--no-collapse]   last stdout line: the file written
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
   sweep --model M [--model M2 ...] --ctx 512,1024 --variant repeat_kv,qfold [--compression SPEC ...]
         [--structure] [--set K=V ...] [--address ADDR] --out TABLE.csv   last stdout line: the table
@@ -23,7 +24,7 @@ from analyzer.errors import QfoldError
 
 # Every subcommand, in --help order: a module ``analyzer.cli.<name>`` with ``add_parser(subparsers)`` that sets
 # ``func``. Imported directly: a broken subcommand is an error, never silently missing.
-COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "fit", "sweep", "compression", "reanalyze", "presets",
+COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "graph", "fit", "sweep", "compression", "reanalyze", "presets",
                              "builds")
 
 

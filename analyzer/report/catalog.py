@@ -18,11 +18,13 @@ keeps in session state and maps device-log labels to.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from analyzer.build.builds import PACKAGE_NAME, build_folder, builds_dir, list_builds
+from analyzer.device.logs import BuildDeviceSummary
 from analyzer.errors import QfoldError
 from analyzer.graph.buildinfo import StoredSpec
 from analyzer.graph.mil import list_functions
@@ -207,10 +209,64 @@ def catalog(root: str | Path | None = None, packages: tuple[str, ...] = (),
     return [*shipped_refs(folder), *build_refs(root), *(r for p in packages for r in package_refs(p))]
 
 
-def default_pair(refs: list[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
-    """The A/B the dashboard opens on: the shipped default repeat_kv vs qfold, else the newest cached
-    repeat_kv build and a qfold build of the same source, KV mode, ctx and compression."""
-    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX))
+@dataclass(frozen=True, slots=True)
+class MeasuredPair:
+    """An A/B the device logs measured: two analyses whose log labels were run on one device."""
+
+    a: AnalysisRef
+    b: AnalysisRef
+    device: str
+    build_a: str  # the logs' build labels
+    build_b: str
+    tok_per_s_a: float  # mean of the runs
+    tok_per_s_b: float
+    runs_a: int
+    runs_b: int
+
+    @property
+    def speedup(self) -> float:
+        return self.tok_per_s_b / self.tok_per_s_a
+
+
+def measured_for(a: AnalysisRef, b: AnalysisRef, mapping: dict[str, str | None],
+                 summaries: Sequence[BuildDeviceSummary]) -> MeasuredPair | None:
+    """The measurements of A and B on the first device (in log order) that ran both, or None."""
+    per_device: dict[str, dict[str, BuildDeviceSummary]] = {}
+    for s in summaries:
+        ref_id = mapping.get(s.build)
+        if ref_id in (a.id, b.id):
+            per_device.setdefault(s.device, {}).setdefault(ref_id, s)  # type: ignore[arg-type]
+    for device, runs in per_device.items():
+        if a.id in runs and b.id in runs and a.id != b.id:
+            sa, sb = runs[a.id], runs[b.id]
+            return MeasuredPair(a, b, device, sa.build, sb.build, sa.mean_tok_per_s, sb.mean_tok_per_s, sa.n, sb.n)
+    return None
+
+
+def measured_pairs(refs: Sequence[AnalysisRef], mapping: dict[str, str | None],
+                   summaries: Sequence[BuildDeviceSummary]) -> list[MeasuredPair]:
+    """Every baseline/candidate A/B the logs measured: a repeat_kv and a qfold analysis of one spec (source,
+    KV mode, ctx, compression) whose labels were run on one device. The write-up's log gives the top8 pair
+    (``exaone-repeat_kv-top8`` 20.39 → ``exaone-qfold-top8`` 54.30 tok/s on its A/B iPhone)."""
+    by_id = {r.id: r for r in refs}
+    mapped = [by_id[i] for i in dict.fromkeys(mapping.values()) if i in by_id]
+    out = []
+    for a in (r for r in mapped if r.variant == BASELINE_VARIANT):
+        for b in (r for r in mapped if r.variant == CANDIDATE_VARIANT and r.spec == a.spec):
+            pair = measured_for(a, b, mapping, summaries)
+            if pair is not None:
+                out.append(pair)
+    return out
+
+
+def default_pair(refs: list[AnalysisRef],
+                 measured: Sequence[MeasuredPair] = ()) -> tuple[AnalysisRef, AnalysisRef] | None:
+    """The A/B the dashboard opens on: the first pair the device logs measured, when there is one; else the
+    shipped default repeat_kv vs qfold (fp16); else the newest cached repeat_kv build and a qfold build of
+    the same source, KV mode, ctx and compression."""
+    if measured:
+        return measured[0].a, measured[0].b
+    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX), ("compression", None))
     shipped = {r.variant: r for r in refs if r.kind == "shipped" and set(default) <= set(r.spec)}
     if BASELINE_VARIANT in shipped and CANDIDATE_VARIANT in shipped:
         return shipped[BASELINE_VARIANT], shipped[CANDIDATE_VARIANT]

@@ -26,7 +26,7 @@ from analyzer import fmt
 from analyzer.device.bandwidth import WRITEUP_AB_IPHONE
 from analyzer.graph.diff import diff_analyses
 from analyzer.graph.record import Analysis
-from analyzer.report import figures
+from analyzer.report import figures, graphview
 from analyzer.report.bandwidth_figures import (
     BandwidthCurve,
     bandwidth_figure,
@@ -108,7 +108,8 @@ def _kpi(label: str, value: str) -> str:
 def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str = "B",
                  bw_bytes_per_s: float = WRITEUP_AB_IPHONE.bytes_per_s, bandwidth: BandwidthSection | None = None,
                  generated_at: datetime | None = None) -> str:
-    """One self-contained HTML page: headline, charts with their tables, tiles, and the bandwidth check."""
+    """One self-contained HTML page: headline, charts with their tables, tiles, layer 0's graphs of A and B,
+    and the bandwidth check."""
     h = ab_headline(a, b, bw_bytes_per_s=bw_bytes_per_s, label_a=label_a, label_b=label_b)
     diff = diff_analyses(a, b)
     fig = _Figures()
@@ -151,6 +152,8 @@ def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str =
                      f"{int(tiles['output_bytes'].sum()):,} bytes of output</p>")
         if len(tiles):
             parts.append(_table(tiles))
+    if a.program.ops and b.program.ops:  # summaries made by hand have no op records to draw
+        parts.append(graphview.report_html(a.program, b.program, label_a, label_b, layer=0))
     layers = figures.layer_frame(a, b, "A", "B")
     parts += ["<h2>Bytes per token by layer</h2>", fig(figures.layer_figure(layers)), _table(layers)]
     if bandwidth is not None:
