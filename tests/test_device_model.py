@@ -158,9 +158,11 @@ def test_runs_are_averaged_as_seconds_per_token_and_conditions_never_pooled():
     runs = [Measurement("f", 2, "d", "b", 10.0, context_length=512), Measurement("f", 3, "d", "b", 30.0,
                                                                                  context_length=512),
             Measurement("f", 4, "d", "b", 30.0, context_length=1024),
-            Measurement("f", 5, "d", "b", 30.0, context_length=512, compute_units="cpuAndGPU")]
+            Measurement("f", 5, "d", "b", 30.0, context_length=512, compute_units="cpuAndGPU"),
+            Measurement("f", 6, "d", "b", 900.0, context_length=512, phase="prefill")]  # never a decode step
     obs = {(o.context_length, o.n_runs): o for o in observations_from(runs)}
-    assert len(obs) == 3
+    assert len(obs) == 3 and all(o.tok_per_s < 100 for o in obs.values())
+    assert obs[(512, 2)].source == "f:2,3"
     assert obs[(512, 2)].tok_per_s == pytest.approx(15.0)  # 1 / mean(0.1 s, 0.0333 s), not mean(10, 30) = 20
 
 

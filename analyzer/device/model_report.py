@@ -27,22 +27,24 @@ from analyzer.device.model_select import Selection, select_graphs
 from analyzer.device.sweep_spec import SweepError
 from analyzer.graph.accounting import CATEGORIES
 
-SPLIT_BY: tuple[str, ...] = ("device", "build", "context_length", "compute_units", "quantization", "os_version")
-
 if TYPE_CHECKING:
     from analyzer.graph.record import Analysis
 
 
 def observations_from(measurements: Sequence[Any]) -> list[Observation]:
-    """Average each condition's runs as seconds per token (see the module doc)."""
-    groups: dict[tuple, list[Any]] = {}
+    """Decode runs averaged per condition as seconds per token: the log importer's own summary (one average, one
+    set of conditions kept apart), with the file:lines each observation came from."""
+    from analyzer.device.logs import GROUP_FIELDS, summarize
+
+    lines: dict[tuple, list[Any]] = {}
     for m in measurements:
-        groups.setdefault(tuple(getattr(m, k, None) for k in SPLIT_BY), []).append(m)
+        lines.setdefault(tuple(getattr(m, f) for f in GROUP_FIELDS), []).append(m)
     out = []
-    for key, runs in groups.items():
-        seconds = sum(1.0 / r.tok_per_s for r in runs) / len(runs)
-        lines = ",".join(str(r.line) for r in runs[:8]) + ("…" if len(runs) > 8 else "")
-        out.append(Observation(key[0], key[1], seconds, len(runs), key[2], f"{runs[0].file_name}:{lines}"))
+    for s in summarize(measurements):
+        runs = lines[tuple(getattr(s, f) for f in GROUP_FIELDS)]
+        where = ",".join(str(r.line) for r in runs[:8]) + ("…" if len(runs) > 8 else "")
+        out.append(Observation(s.device, s.build, s.mean_s_per_token, s.n, s.context_length,
+                               f"{runs[0].file_name}:{where}"))
     return out
 
 
