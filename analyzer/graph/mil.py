@@ -46,15 +46,55 @@ def find_package(path: str | Path) -> Path:
     raise MilError(f"{p}: not an .mlpackage nor a build folder holding one")
 
 
-def _load_ml_program(pkg: Path):
-    from coremltools.models.utils import load_spec
+# A Manifest.json lists a handful of items; Model.proto of a full-size LLM is a few MB (the weights are in blobs).
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_MODEL_PROTO_BYTES = 1 << 30
 
+
+def root_model_path(pkg: Path) -> Path:
+    """The package's root model file as its ``Manifest.json`` names it, refused when it points outside the
+    package (``../..``) or anywhere but a regular file inside ``Data/`` — coremltools' own loader follows any
+    path the manifest gives."""
+    from analyzer.fsio import read_json
+
+    manifest = pkg / "Manifest.json"
+    if not manifest.is_file():
+        raise MilError(f"{pkg}: no Manifest.json (not an .mlpackage)")
+    doc = read_json(manifest, MAX_MANIFEST_BYTES, MilError)
     try:
-        spec = load_spec(str(pkg))
-    except Exception as e:  # coremltools raises bare Exceptions for unreadable packages
-        raise MilError(f"{pkg}: cannot read Model.proto: {e}") from e
-    if spec.WhichOneof("Type") != "mlProgram":
-        raise MilError(f"{pkg}: a {spec.WhichOneof('Type')} model, not an ML Program; qfold walks MIL programs")
+        entry = doc["itemInfoEntries"][doc["rootModelIdentifier"]]
+        rel = entry["path"]
+    except (KeyError, TypeError) as e:
+        raise MilError(f"{manifest}: no root model entry ({e!s})") from None
+    if not isinstance(rel, str) or not rel:
+        raise MilError(f"{manifest}: the root model's path is {rel!r}")
+    data = (pkg / "Data").resolve()
+    path = (data / rel).resolve()
+    if data not in path.parents:
+        raise MilError(f"{manifest}: the root model path {rel!r} points outside the package")
+    if not path.is_file():
+        raise MilError(f"{manifest}: the root model {rel!r} is missing")
+    return path
+
+
+def _load_ml_program(pkg: Path):
+    from coremltools.proto import Model_pb2
+    from google.protobuf.message import DecodeError
+
+    path = root_model_path(pkg)
+    size = path.stat().st_size
+    if size > MAX_MODEL_PROTO_BYTES:
+        raise MilError(f"{path}: {size:,} bytes, more than a model description of {MAX_MODEL_PROTO_BYTES:,}")
+    spec = Model_pb2.Model()
+    try:
+        spec.ParseFromString(path.read_bytes())
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise MilError(f"{path}: cannot parse the model protobuf ({e})") from e
+    kind = spec.WhichOneof("Type")
+    if kind != "mlProgram":
+        raise MilError(f"{pkg}: a {kind or 'empty'} model, not an ML Program; qfold walks MIL programs")
+    if not spec.mlProgram.functions:
+        raise MilError(f"{pkg}: the ML Program has no function")
     return spec
 
 
