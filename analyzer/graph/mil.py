@@ -142,10 +142,10 @@ def _nbytes(shape: tuple[int | None, ...], dtype: str) -> int | None:
     return (n * bits + 7) // 8
 
 
-def _tensor_info(name: str, value_type) -> TensorInfo:
+def tensor_info(name: str, value_type) -> TensorInfo:
     which = value_type.WhichOneof("type")
     if which == "stateType":
-        return _tensor_info(name, value_type.stateType.wrappedType)
+        return tensor_info(name, value_type.stateType.wrappedType)
     if which != "tensorType":
         return TensorInfo(name, (), which or "unknown", None)
     tt = value_type.tensorType
@@ -154,12 +154,13 @@ def _tensor_info(name: str, value_type) -> TensorInfo:
     return TensorInfo(name, shape, dtype, _nbytes(shape, dtype))
 
 
-class _Blobs:
+class Blobs:
     """Reads blob sizes from ``weight.bin`` headers; one open file per blob file."""
 
     def __init__(self, weights_dir: Path):
         self.weights_dir = weights_dir
         self._files: dict[str, object] = {}
+        self._maps: dict[str, object] = {}
 
     def size(self, file_name: str, offset: int) -> int:
         return self._header(file_name, offset)[0]
@@ -172,11 +173,30 @@ class _Blobs:
         f.seek(data_offset)  # type: ignore[attr-defined]
         return not any(f.read(size))  # type: ignore[attr-defined]
 
-    def _header(self, file_name: str, offset: int):
+    def data(self, file_name: str, offset: int):
+        """The stored bytes of one blob as a read-only, memory-mapped ``uint8`` array (nothing is read until
+        it is used; the mapping stays valid after ``close``)."""
+        import numpy as np
+
+        size, data_offset, _ = self._header(file_name, offset)
+        rel = file_name.removeprefix("@model_path/weights/")
+        mm = self._maps.get(rel)
+        if mm is None:
+            mm = self._maps[rel] = np.memmap(self._path(file_name), dtype=np.uint8, mode="r")
+        if data_offset + size > len(mm):  # type: ignore[arg-type]
+            raise MilError(f"{self._path(file_name)}: blob at offset {offset} runs past the end of the file")
+        return mm[data_offset:data_offset + size]  # type: ignore[index]
+
+    def _path(self, file_name: str) -> Path:
         rel = file_name.removeprefix("@model_path/weights/")
         path = (self.weights_dir / rel).resolve()
         if self.weights_dir.resolve() not in path.parents:
             raise MilError(f"blob file {file_name!r} points outside the package")
+        return path
+
+    def _header(self, file_name: str, offset: int):
+        rel = file_name.removeprefix("@model_path/weights/")
+        path = self._path(file_name)
         f = self._files.get(rel)
         if f is None:
             try:
@@ -197,7 +217,7 @@ class _Blobs:
             f.close()  # type: ignore[attr-defined]
 
 
-def _value_stored_bytes(value, info: TensorInfo, blobs: _Blobs) -> int:
+def _value_stored_bytes(value, info: TensorInfo, blobs: Blobs) -> int:
     kind = value.WhichOneof("value")
     if kind == "blobFileValue":
         return blobs.size(value.blobFileValue.fileName, value.blobFileValue.offset)
@@ -206,7 +226,7 @@ def _value_stored_bytes(value, info: TensorInfo, blobs: _Blobs) -> int:
     return info.nbytes or 0
 
 
-def _value_is_zero(value, blobs: _Blobs) -> bool:
+def _value_is_zero(value, blobs: Blobs) -> bool:
     kind = value.WhichOneof("value")
     if kind == "blobFileValue":
         return blobs.is_zero(value.blobFileValue.fileName, value.blobFileValue.offset)
@@ -242,8 +262,24 @@ def find_package(path: str | Path) -> Path:
     raise MilError(f"{p}: not an .mlpackage nor a build folder holding one")
 
 
-def read_program(path: str | Path, function: str | None = None) -> MilProgram:
-    """Parse a saved ML Program package into op records (with tile classification)."""
+@dataclass(frozen=True)
+class LoadedFunction:
+    """One function of a package's ``Model.proto``, ready to walk or evaluate."""
+
+    package: Path
+    spec: object  # coremltools.proto.Model_pb2.Model
+    name: str
+    function: object  # MIL_pb2.Function
+    block: object  # MIL_pb2.Block of the function's opset
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.package / "Data" / "com.apple.CoreML" / "weights"
+
+
+def load_function(path: str | Path, function: str | None = None) -> LoadedFunction:
+    """Read ``Model.proto`` of a package (or build folder) and pick a function: ``function``, else ``main``,
+    else the first. Raises ``MilError`` for anything that is not a readable ML Program."""
     from coremltools.models.utils import load_spec
 
     pkg = find_package(path)
@@ -254,21 +290,31 @@ def read_program(path: str | Path, function: str | None = None) -> MilProgram:
     if spec.WhichOneof("Type") != "mlProgram":
         raise MilError(f"{pkg}: a {spec.WhichOneof('Type')} model, not an ML Program; qfold walks MIL programs")
     funcs = spec.mlProgram.functions
+    if not funcs:
+        raise MilError(f"{pkg}: the ML Program has no functions")
     fn = function or ("main" if "main" in funcs else next(iter(funcs)))
     if fn not in funcs:
         raise MilError(f"{pkg}: no function {fn!r} (has {', '.join(funcs)})")
     func = funcs[fn]
-    block = func.block_specializations[func.opset]
-    blobs = _Blobs(pkg / "Data" / "com.apple.CoreML" / "weights")
+    if func.opset not in func.block_specializations:
+        raise MilError(f"{pkg}: function {fn!r} has no block for its opset {func.opset!r}")
+    return LoadedFunction(pkg, spec, fn, func, func.block_specializations[func.opset])
+
+
+def read_program(path: str | Path, function: str | None = None) -> MilProgram:
+    """Parse a saved ML Program package into op records (with tile classification)."""
+    loaded = load_function(path, function)
+    pkg, spec, fn, func = loaded.package, loaded.spec, loaded.name, loaded.function
+    blobs = Blobs(loaded.weights_dir)
     try:
-        ops = _walk(block, blobs, {i.name: _tensor_info(i.name, i.type) for i in func.inputs})
+        ops = _walk(loaded.block, blobs, {i.name: tensor_info(i.name, i.type) for i in func.inputs})
     finally:
         blobs.close()
     ops = _classify_tiles(_propagate_layers(ops))
     desc = spec.description
     states = tuple(TensorInfo(s.name, *_feature_shape(s)) for s in desc.state)
     state_names = {s.name for s in states}
-    inputs = tuple(_tensor_info(i.name, i.type) for i in func.inputs if i.name not in state_names)
+    inputs = tuple(tensor_info(i.name, i.type) for i in func.inputs if i.name not in state_names)
     outputs = tuple(TensorInfo(o.name, *_feature_shape(o)) for o in desc.output)
     return MilProgram(str(pkg), fn, func.opset, spec.specificationVersion, inputs, states, outputs, tuple(ops))
 
@@ -285,7 +331,7 @@ def _feature_shape(feature) -> tuple[tuple[int | None, ...], str, int | None]:
     return shape, dtype, _nbytes(shape, dtype)
 
 
-def _walk(block, blobs: _Blobs, program_inputs: dict[str, TensorInfo]) -> list[OpRecord]:
+def _walk(block, blobs: Blobs, program_inputs: dict[str, TensorInfo]) -> list[OpRecord]:
     records: list[OpRecord] = []
     producer: dict[str, int] = {}
     is_const: dict[str, bool] = {}
@@ -295,7 +341,7 @@ def _walk(block, blobs: _Blobs, program_inputs: dict[str, TensorInfo]) -> list[O
     def visit(blk) -> None:
         for op in blk.operations:
             index = len(records)
-            outputs = tuple(_tensor_info(o.name, o.type) for o in op.outputs)
+            outputs = tuple(tensor_info(o.name, o.type) for o in op.outputs)
             const_bytes, const_zero = 0, False
             if op.type == "const":
                 const_bytes = _value_stored_bytes(op.attributes["val"], outputs[0], blobs)
@@ -310,7 +356,7 @@ def _walk(block, blobs: _Blobs, program_inputs: dict[str, TensorInfo]) -> list[O
                         refs.append(InputRef(param, info, producer.get(name), is_const.get(name, False),
                                              stored.get(name, 0)))
                     else:  # an inline value (iOS18 constexpr ops carry their data this way)
-                        info = _tensor_info(f"{op.outputs[0].name}.{param}" if op.outputs else param,
+                        info = tensor_info(f"{op.outputs[0].name}.{param}" if op.outputs else param,
                                             binding.value.type)
                         refs.append(InputRef(param, info, None, True,
                                              _value_stored_bytes(binding.value, info, blobs)))
