@@ -13,7 +13,7 @@ from analyzer.graph.diff import diff_documents
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.report import figures
 from analyzer.report.catalog import BASELINE_VARIANT, CANDIDATE_VARIANT, DEFAULT_CTX, DEFAULT_KV_MODE, shipped_analyses
-from analyzer.report.report import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, headline_frame
+from analyzer.report.report import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, equivalence_text, headline_frame
 from app_pages import shared
 
 st.title("A/B: where the KV copies go")
@@ -127,11 +127,7 @@ with about:
         st.info("Equivalence: not available for this pair (it is checked in torch between the variants of one "
                 "source, KV mode, ctx and compression).", icon=":material/rule:")
     else:
-        fp16 = ("fp16 **bit-identical**" if eq.fp16_bit_identical
-                else f"fp16 max |Δ logits| {eq.fp16_max_abs_diff:.3g}")
-        st.success(f"**Equivalence** ({eq.variant_a} vs {eq.variant_b}, torch, {eq.steps} decode steps): {fp16}; "
-                   f"fp32 max |Δ logits| {eq.fp32_max_abs_diff:.2g}; greedy tokens agree "
-                   f"{eq.greedy_agree_steps}/{eq.steps}.", icon=":material/check_circle:")
+        st.success(f"**Equivalence**: {equivalence_text(eq)}.", icon=":material/check_circle:")
     st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
 
 # ---------------------------------------------------------------------------------------------- side by side

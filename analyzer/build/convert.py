@@ -107,9 +107,11 @@ def convert_step(step, keep_duplicate_consts: bool = False):
 
 
 def _equivalence(spec: BuildSpec, model, cache_dir: Path | None) -> dict:
-    """The equivalence report depends on the source, KV mode, ctx and steps but not on the variant being
-    built, so the two builds of an A/B pair share one computation (for the full-size model it is minutes
-    of fp16 matmuls on the CPU), cached under ``builds/.equivalence/``."""
+    """The torch report depends on the source, KV mode, ctx and steps but not on the variant being built, nor
+    on compression (applied to the converted program, never to the torch model), so every build of one
+    source shares one computation (for the full-size model it is minutes of fp16 matmuls on the CPU),
+    cached under ``builds/.equivalence/``. It is about uncompressed torch weights only: each build's record
+    says so in its ``checks`` (``analyzer.build.equivalence``), beside the check of the package itself."""
     import hashlib
 
     from analyzer.graph.record import equivalence_json
@@ -134,6 +136,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     import torch
 
     from analyzer.build.compress import compression_report
+    from analyzer.build.equivalence import interpreter_check, interpreter_reference, torch_check
     from analyzer.graph.mil import read_program
     from analyzer.graph.record import program_document
     from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
@@ -168,6 +171,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     step = DecodeStep(model, spec.ctx, spec.variant, spec.kv_mode).eval()
     emit(0.20, "convert", f"tracing and converting ({spec.variant}, KV as {spec.kv_mode}, ctx {spec.ctx})")
     mlmodel = timed("convert_s", convert_step, step, keep_duplicate_consts=untied)
+    reference = timed("reference_s", interpreter_reference, model, spec, list(equivalence["tokens"]))
     del step, model
     if plan is not None:
         from analyzer.build.compress import compress_model
@@ -182,6 +186,10 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     program = timed("walk_s", read_program, pkg)
     doc = program_document(program)
     doc["program"]["path"] = PACKAGE_NAME
+    emit(0.97, "check", "running the package in the MIL interpreter against torch")
+    checks = [torch_check(equivalence, spec.to_json()),
+              timed("interpreter_check_s", interpreter_check, pkg, spec, list(equivalence["tokens"]), reference)]
+    equivalence = {**equivalence, "checks": checks}
 
     return {
         "schema_version": doc["schema_version"],

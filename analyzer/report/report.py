@@ -47,6 +47,8 @@ class EquivalenceSummary:
     fp16_max_abs_diff: float | None
     fp32_max_abs_diff: float | None
     greedy_agree_steps: int | None  # the fewer of fp16's and fp32's agreeing steps
+    checked: str = "torch"  # what ran: "torch", or "MIL interpreter, folded vs original"
+    weights: str = ""  # which weights, when they are not the packages' own (compressed builds)
 
 
 def _comparable_spec(doc: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -60,6 +62,9 @@ def _comparable_spec(doc: dict[str, Any]) -> tuple[Any, ...] | None:
 def equivalence_summary(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> EquivalenceSummary | None:
     """The equivalence of A's and B's variants, when both are builds of the same source, KV mode, ctx and
     compression (each build records every variant pair); None otherwise."""
+    folded = _fold_summary(doc_a, doc_b)
+    if folded is not None:
+        return folded
     spec_a, spec_b = _comparable_spec(doc_a), _comparable_spec(doc_b)
     if spec_a is None or spec_a != spec_b:
         return None
@@ -74,15 +79,34 @@ def equivalence_summary(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> Equival
         return None
     fp16, fp32 = pairs.get("fp16"), pairs.get("fp32")
     agree = [p["greedy_agree_steps"] for p in pairs.values()]
+    compressed = doc_a["spec"].get("compression")
     return EquivalenceSummary(
         variant_a=va,
         variant_b=vb,
         steps=int(report.get("steps", max(p["steps"] for p in pairs.values()))),
-        fp16_bit_identical=None if fp16 is None else bool(fp16["bit_identical"]),
+        # the torch pair ran on uncompressed weights: its bit-identity is not the compressed packages'
+        fp16_bit_identical=None if fp16 is None or compressed else bool(fp16["bit_identical"]),
         fp16_max_abs_diff=None if fp16 is None else float(fp16["max_abs_diff"]),
         fp32_max_abs_diff=None if fp32 is None else float(fp32["max_abs_diff"]),
         greedy_agree_steps=min(agree) if agree else None,
+        weights=f"uncompressed torch weights, not the packages' {compressed} ones" if compressed else "",
     )
+
+
+def _fold_summary(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> EquivalenceSummary | None:
+    """A build and its fold (``repeat_kv+fold``, analyzer.build.fold): the MIL interpreter's proof."""
+    for orig, folded in ((doc_a, doc_b), (doc_b, doc_a)):
+        if not folded.get("folded_from") or folded["folded_from"] != orig.get("key"):
+            continue
+        check = next((c for c in (folded.get("equivalence") or {}).get("checks", [])
+                      if c.get("kind") == "folded_vs_original" and c.get("checked")), None)
+        if check is None:
+            return None
+        return EquivalenceSummary(
+            variant_a=doc_a["spec"]["variant"], variant_b=doc_b["spec"]["variant"], steps=int(check["steps"]),
+            fp16_bit_identical=bool(check["bit_identical"]), fp16_max_abs_diff=float(check["max_abs_diff"]),
+            fp32_max_abs_diff=None, greedy_agree_steps=None, checked="MIL interpreter, folded vs original")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +245,18 @@ def _kpi(label: str, value: str) -> str:
     return f'<div class="kpi"><div class="v">{html.escape(value)}</div><div class="l">{html.escape(label)}</div></div>'
 
 
-def _equivalence_text(eq: EquivalenceSummary | None) -> str:
+def equivalence_text(eq: EquivalenceSummary | None) -> str:
+    """One line for the A/B page and the report: what was checked, on which weights, and the result."""
     if eq is None:
         return "not available for this pair (equivalence is checked between variants of one source)"
     fp16 = "bit-identical" if eq.fp16_bit_identical else f"max |Δ| {eq.fp16_max_abs_diff:.3g}"
-    return (f"torch, {eq.steps} decode steps: fp16 {fp16}; fp32 max |Δ logits| {eq.fp32_max_abs_diff:.3g}; "
-            f"greedy agreement {eq.greedy_agree_steps}/{eq.steps}")
+    parts = [f"fp16 {fp16}"]
+    if eq.fp32_max_abs_diff is not None:
+        parts.append(f"fp32 max |Δ logits| {eq.fp32_max_abs_diff:.3g}")
+    if eq.greedy_agree_steps is not None:
+        parts.append(f"greedy agreement {eq.greedy_agree_steps}/{eq.steps}")
+    weights = f" ({eq.weights})" if eq.weights else ""
+    return f"{eq.variant_a} vs {eq.variant_b}, {eq.checked}{weights}, {eq.steps} decode steps: " + "; ".join(parts)
 
 
 def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str = "A", label_b: str = "B",
@@ -255,7 +285,7 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
         _kpi(f"predicted tok/s at {bw_bytes_per_s / MB:,.0f} MB/s", f"{h.tok_per_s_a:.2f} → {h.tok_per_s_b:.2f}"),
         _kpi("predicted speedup B/A", f"{h.speedup:.2f}×"),
         "</div>",
-        f"<p><b>Equivalence:</b> {e(_equivalence_text(h.equivalence))}</p>",
+        f"<p><b>Equivalence:</b> {e(equivalence_text(h.equivalence))}</p>",
         f"<p class='meta'>{e(UNITS_NOTE)} Predicted tok/s = BW ÷ bytes per token.</p>",
         "<h2>Headline</h2>",
         _table(headline_frame(h)),

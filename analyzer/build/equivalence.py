@@ -1,0 +1,148 @@
+"""What a build's equivalence record checked, and with which weights.
+
+A build's ``analysis.json["equivalence"]`` is the torch report (``analyzer.model.equivalence``: every attention
+variant decoded in torch, fp32 and fp16, on the same uncompressed weights) plus ``checks``: one
+:class:`EquivalenceCheck` per comparison, each naming what it compared and which weights it ran on:
+
+=======================  ==================================================================================
+``torch_variants``       torch vs torch: repeat_kv vs qfold decode steps, uncompressed torch weights
+``interpreter_vs_torch`` MIL interpreter vs torch: this build's saved package (its own, possibly compressed,
+                         weights) vs the torch decode step it was converted from (uncompressed weights)
+``folded_vs_original``   folded vs original, both packages in the MIL interpreter, the same stored weights
+=======================  ==================================================================================
+
+The torch report is shared by every build of one source, KV mode, ctx and step count (it does not depend
+on the variant, nor on compression, which happens after conversion); the ``torch_variants`` check says so
+(``covers_package_weights`` False for a compressed build) instead of lending its bit-identity to a
+compressed package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+CHECK_KINDS: dict[str, str] = {
+    "torch_variants": "torch vs torch",
+    "interpreter_vs_torch": "MIL interpreter vs torch",
+    "folded_vs_original": "folded vs original (MIL interpreter)",
+}
+# The interpreter check runs on packages up to this much stored weight data (2-layer and structure builds take
+# seconds); a full-size decode step takes ~30 s in the interpreter (issue #9), so full-size builds record it as
+# not run and name the command that runs it.
+INTERPRETER_CHECK_MAX_WEIGHT_BYTES = 512 << 20
+INTERPRETER_CHECK_STEPS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class EquivalenceCheck:
+    kind: str  # a CHECK_KINDS key
+    compared: str  # what against what
+    weights: str  # which weights the comparison ran on
+    steps: int
+    checked: bool
+    max_abs_diff: float | None = None
+    max_abs_value: float | None = None  # the largest |output| of the reference side, to judge max_abs_diff by
+    bit_identical: bool | None = None
+    greedy_agree_steps: int | None = None
+    covers_package_weights: bool = True  # False: the weights compared are not the ones this package stores
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CHECK_KINDS:
+            raise ValueError(f"equivalence check kind {self.kind!r}: one of {', '.join(CHECK_KINDS)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "label": CHECK_KINDS[self.kind]}
+
+
+def _weights_text(spec: dict[str, Any]) -> str:
+    source = spec.get("source", {})
+    kind = "safetensors weights" if source.get("fingerprint", {}).get("weights") else \
+        f"seeded random weights (seed {source.get('fingerprint', {}).get('seed', 0)})"
+    return kind
+
+
+def torch_check(report: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """The torch report's repeat_kv vs qfold fp16 pair as a check record (fp32 in the note)."""
+    pairs = {p["dtype"]: p for p in report.get("pairs", [])
+             if {p["variant_a"], p["variant_b"]} == {"repeat_kv", "qfold"}}
+    fp16, fp32 = pairs.get("fp16"), pairs.get("fp32")
+    compressed = spec.get("compression")
+    note = f"fp32 max |Δ logits| {fp32['max_abs_diff']:.3g}" if fp32 else ""
+    if compressed:
+        note = (f"{note}; " if note else "") + (
+            f"the torch models are uncompressed: this says nothing about the {compressed} weights this "
+            "package stores (see the interpreter check)")
+    return EquivalenceCheck(
+        "torch_variants", "repeat_kv vs qfold decode steps, fp16 (and fp32) torch",
+        f"uncompressed torch model, {_weights_text(spec)}", int(report.get("steps", 0)), fp16 is not None,
+        max_abs_diff=None if fp16 is None else float(fp16["max_abs_diff"]),
+        max_abs_value=float(report.get("reference", {}).get("max_abs_logit", 0.0)) or None,
+        bit_identical=None if fp16 is None else bool(fp16["bit_identical"]),
+        greedy_agree_steps=None if fp16 is None else int(fp16["greedy_agree_steps"]),
+        covers_package_weights=not compressed, note=note,
+    ).to_json()
+
+
+def folded_check(proof) -> dict[str, Any]:
+    """The fold proof (``analyzer.graph.passes.proof.FoldProof``) as a check record."""
+    diffs = proof.max_abs_diff
+    return EquivalenceCheck(
+        "folded_vs_original", "folded package vs the package it was folded from, every output and final state",
+        "the stored weights of both packages (identical, checked per constant)", proof.steps, proof.checked,
+        max_abs_diff=max(diffs.values()) if diffs else None,
+        max_abs_value=max(proof.max_abs_value.values()) if proof.max_abs_value else None,
+        bit_identical=proof.bit_identical if proof.checked else None,
+        note=proof.headline(),
+    ).to_json()
+
+
+def interpreter_reference(model, spec, tokens: list[int]):
+    """Torch fp16 logits ``[N, V]`` of the build's own variant for the interpreter check, or None when the
+    package will be too large to interpret at build time. Call before the torch model is freed."""
+    import copy
+
+    import torch
+
+    from analyzer.model.decode import DecodeStep, run_decode
+
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params * 2 > INTERPRETER_CHECK_MAX_WEIGHT_BYTES:
+        return None
+    half = copy.deepcopy(model).to(torch.float16)
+    step = DecodeStep(half, spec.ctx, spec.variant, spec.kv_mode).eval()
+    return run_decode(step, tokens[:INTERPRETER_CHECK_STEPS], torch.float16).float().numpy()
+
+
+def interpreter_check(package, spec, tokens: list[int], reference) -> dict[str, Any]:
+    """The saved package run in the MIL interpreter on the torch check's tokens vs torch fp16 logits."""
+    import numpy as np
+
+    from analyzer.errors import QfoldError
+
+    compressed = spec.compression
+    weights = (f"this package's {compressed}-compressed weights vs the uncompressed torch model" if compressed
+               else "this package's fp16 weights vs the same weights in torch (fp16)")
+    steps = min(len(tokens), INTERPRETER_CHECK_STEPS)
+    compared = f"{spec.variant} package in the MIL interpreter vs its torch decode step, logits"
+    if reference is None:
+        return EquivalenceCheck(
+            "interpreter_vs_torch", compared, weights, steps, False,
+            note=f"not run at build time: over {INTERPRETER_CHECK_MAX_WEIGHT_BYTES >> 20} MiB of weights; "
+                 "`python -m analyzer run` evaluates the package").to_json()
+    from analyzer.graph.interpret import decode_steps, load_program
+
+    try:
+        run = decode_steps(load_program(package), steps, tokens=np.asarray(tokens[:steps]).reshape(steps, 1))
+    except QfoldError as e:
+        return EquivalenceCheck("interpreter_vs_torch", compared, weights, steps, False, note=str(e)).to_json()
+    ours = np.stack([o["logits"].reshape(-1).astype(np.float32) for o in run.outputs])
+    diff = float(np.abs(ours - reference).max())
+    return EquivalenceCheck(
+        "interpreter_vs_torch", compared, weights, steps, True, max_abs_diff=diff,
+        max_abs_value=float(np.abs(reference).max()), bit_identical=diff == 0.0,
+        greedy_agree_steps=int((ours.argmax(-1) == reference.argmax(-1)).sum()),
+        note="matmuls accumulate in fp32 in the interpreter and in torch's CPU kernels alike; differences are "
+             "rounding order" + (" plus compression error" if compressed else ""),
+    ).to_json()
