@@ -150,8 +150,8 @@ class Interpreter:
         names = {t.name for t in declared}
         extra = sorted(set(given) - names)
         if extra:
-            raise InterpretError(f"{kind} {extra[0]!r} is not a {kind} of {self.path.name}:{self.function} "
-                                 f"(its {kind}s: {', '.join(sorted(names)) or 'none'})")
+            raise InterpretError(f"{kind} {extra[0]!r} is not among the {kind}s of {self.path.name}:{self.function} "
+                                 f"({', '.join(sorted(names)) or 'none'})")
         out = {}
         for t in declared:
             if t.name not in given:
@@ -260,6 +260,9 @@ def _compile(block, blobs: Blobs) -> tuple[dict[str, object], tuple[_Step, ...]]
                 raise InterpretError(f"op {name!r} ({op.type}): parameter {param!r} binds {len(bound)} values")
             else:
                 params.append((param, bound[0]))
+        for param, value in op.attributes.items():  # iOS16 constexpr ops keep their data as attributes
+            if param != "name":
+                params.append((param, decode_value(value, tensor_info(f"{name}.{param}", value.type), blobs)))
         foldable = kernel.pure and all_constant and bool(outputs)
         if foldable:
             constant.update(o.name for o in outputs)

@@ -2,7 +2,9 @@
 
 Every input of a ``constexpr_*`` op is constant, so the interpreter evaluates each one once, on first use, and
 keeps the dense result (Core ML decompresses them at load or run time; either way the values are these).
-Dequantization is computed in fp32 and rounded once to the output dtype. Semantics and layouts: coremltools
+Each op computes as coremltools' own ``decompress`` does (``affine_dequantize``: fp32, rounded once;
+``blockwise_shift_scale``: in the scale's dtype), so the dense values equal ``decompress_weights``' bit for bit.
+Semantics and layouts: coremltools
 ``ops/defs/iOS16/constexpr_ops.py`` and ``iOS18/compression.py`` (``decompress`` methods) and
 ``optimize/_utils.py`` (``lut_to_dense``, ``dequantize_by_scale_and_zp``).
 """
@@ -98,12 +100,14 @@ def constexpr_lut_to_dense(indices, lut, shape=None, vector_axis=None):
 @register("constexpr_blockwise_shift_scale")
 def constexpr_blockwise_shift_scale(data, scale, offset=None):
     """iOS18: ``scale * (data - offset)``, each scale/offset entry covering a block of
-    ``data.shape[i] / scale.shape[i]`` along every axis i."""
-    d = np.asarray(data).astype(np.float32)
-    s = _block_repeat(f32(scale), d.shape)
-    if offset is None:
-        return s * d
-    return s * (d - _block_repeat(np.asarray(offset).astype(np.float32), d.shape))
+    ``data.shape[i] / scale.shape[i]`` along every axis i. Computed in the scale's dtype as coremltools'
+    ``decompress`` does (integer data and offsets are exact in fp16), so a package and its
+    ``coremltools.optimize.coreml.decompress_weights`` twin hold bit-identical weights."""
+    s = np.asarray(scale)
+    d = np.asarray(data).astype(s.dtype)
+    if offset is not None:
+        d = d - _block_repeat(np.asarray(offset), d.shape).astype(s.dtype)
+    return _block_repeat(s, d.shape) * d
 
 
 @register("constexpr_sparse_to_dense")

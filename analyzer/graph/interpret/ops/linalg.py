@@ -5,8 +5,11 @@ then rounds the result once to the op's output dtype (fp16 in an fp16 graph). Nu
 accumulation is what fp16 matrix engines do too, so this is the closest stand-in for a device result that the
 CPU can compute quickly.
 
-Weights stay fp16 memory-mapped views; a large weight is widened in row blocks of ``BLOCK_ELEMS`` (a few MiB)
-right before use, so a decode step never holds an fp32 copy of the model (``lm_head`` alone would be 0.8 GB).
+Weights stay fp16 memory-mapped views. A large operand is widened in blocks of ``BLOCK_ELEMS`` right before
+use, one BLAS call per block: the fp32 block stays in the core's L2 cache, a decode step never holds an fp32 copy
+of the model (``lm_head`` alone would be 0.8 GB), and each BLAS call is small enough that OpenBLAS keeps it on
+one thread (measured here: on a loaded 2-core machine, multi-threaded GEMV calls of 0.5M+ elements ran up to 8x
+slower per CPU-second than single-threaded 128K-element blocks; bench/interpret_full_size.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import numpy as np
 from analyzer.graph.interpret.ops._common import as_bool, as_int, as_ints, f32
 from analyzer.graph.interpret.registry import register
 
-BLOCK_ELEMS = 1 << 21  # 2 Mi elements per fp16 → fp32 block: 8 MiB of fp32, about an L2/L3 cache's worth
+BLOCK_ELEMS = 1 << 17  # 128 Ki elements per widened block: 512 KiB of fp32, well inside a 2 MiB L2
+
+
+def _is_narrow(a) -> bool:
+    return np.asarray(a).dtype == np.float16
 
 
 def _linear_f32(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -24,32 +31,49 @@ def _linear_f32(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     blocks of output rows."""
     x32 = f32(x)
     out_features, in_features = weight.shape
-    if weight.dtype == np.float32 or weight.size <= BLOCK_ELEMS:
+    if not _is_narrow(weight) or weight.size <= BLOCK_ELEMS:
         return x32 @ f32(weight).T
-    out = np.empty((*x32.shape[:-1], out_features), dtype=np.float32)
+    out = np.empty((out_features, *x32.shape[:-1]), dtype=np.float32)  # [out, ...]: each block's rows contiguous
+    xt = np.ascontiguousarray(np.moveaxis(x32, -1, 0).reshape(in_features, -1))  # [in, N]
     rows = max(1, BLOCK_ELEMS // max(1, in_features))
+    flat = out.reshape(out_features, -1)
     for start in range(0, out_features, rows):
-        block = weight[start:start + rows].astype(np.float32)
-        np.matmul(x32, block.T, out=out[..., start:start + rows])
+        np.matmul(weight[start:start + rows].astype(np.float32), xt, out=flat[start:start + rows])
+    return np.moveaxis(out, 0, -1)
+
+
+def _batched_matmul_f32(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``x @ y`` (rank ≥ 2, broadcast batch axes) with fp32 accumulation, widening one batch slice at a time
+    (attention over a long cache: ``[1, H, 1, D] @ [1, H, D, S]``)."""
+    batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    xb = np.broadcast_to(x, (*batch, *x.shape[-2:]))
+    yb = np.broadcast_to(y, (*batch, *y.shape[-2:]))
+    out = np.empty((*batch, x.shape[-2], y.shape[-1]), dtype=np.float32)
+    for idx in np.ndindex(*batch):
+        np.matmul(f32(xb[idx]), f32(yb[idx]), out=out[idx])
     return out
 
 
 @register("linear")
 def linear(x, weight, bias=None):
     """``x [..., in]`` · ``weight [out, in]``ᵀ + ``bias [out]``."""
-    out = _linear_f32(np.asarray(x), weight)
+    out = _linear_f32(np.asarray(x), np.asarray(weight))
     return out if bias is None else out + f32(bias)
 
 
 @register("matmul")
 def matmul(x, y, transpose_x=False, transpose_y=False):
     """NumPy ``matmul`` broadcasting (rank-1 operands as in NumPy), optional transposes of the last two axes."""
+    x, y = np.asarray(x), np.asarray(y)
     if as_bool(transpose_x):
         x = np.swapaxes(x, -1, -2)
     if as_bool(transpose_y):
         y = np.swapaxes(y, -1, -2)
-    if np.ndim(y) == 2 and np.ndim(x) >= 1 and np.size(y) > BLOCK_ELEMS and np.asarray(y).dtype != np.float32:
-        return _linear_f32(np.asarray(x), np.swapaxes(y, 0, 1))  # a large 2-D weight: widen it in blocks
+    if y.ndim == 2 and x.ndim >= 1 and y.size > BLOCK_ELEMS and _is_narrow(y):
+        return _linear_f32(x, y.T)  # a large 2-D weight: widen it in blocks
+    if x.ndim > 2 or y.ndim > 2:
+        if x.ndim >= 2 and y.ndim >= 2 and max(x.size, y.size) > BLOCK_ELEMS and (_is_narrow(x) or _is_narrow(y)):
+            return _batched_matmul_f32(x, y)
     return np.matmul(f32(x), f32(y))
 
 
