@@ -13,7 +13,14 @@ from analyzer.graph.diff import diff_documents
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.report import figures
 from analyzer.report.catalog import BASELINE_VARIANT, CANDIDATE_VARIANT, DEFAULT_CTX, DEFAULT_KV_MODE, shipped_analyses
-from analyzer.report.report import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, equivalence_text, headline_frame
+from analyzer.report.report import (
+    NO_RUNTIME_NOTE,
+    UNITS_NOTE,
+    ab_headline,
+    equivalence_text,
+    headline_frame,
+    package_fold_summary,
+)
 from app_pages import shared
 
 st.title("A/B: where the KV copies go")
@@ -122,7 +129,7 @@ with about:
                             min_value=5_000.0, max_value=200_000.0, step=100.0, format="%.0f",
                             help="tok/s = BW ÷ bytes per token; 1 MB = 10^6 B. Default: the write-up's 55,900 "
                                  "MB/s, an assumed model constant for its A/B iPhone, not a measured DRAM figure.")
-    eq = h.equivalence
+    eq = h.equivalence or package_fold_summary(ref_a.package_path, ref_b.package_path)  # a package and its fold
     if eq is None:
         st.info("Equivalence: not available for this pair (it is checked in torch between the variants of one "
                 "source, KV mode, ctx and compression).", icon=":material/rule:")

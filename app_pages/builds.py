@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, list_builds, queue
+from analyzer.build.fold import fold_cached, fold_record_of
 from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError, SourceError
 from analyzer.fmt import MIB
@@ -281,3 +282,31 @@ if submitted and typed_package.strip():
             st.success(f"{ref.path.name}: {s['total_ops']:,} ops ({s['non_const_ops']:,} without const), "
                        f"{s['tile_count']} tile ops, {doc['bytes']['bytes_per_token']['total'] / MIB:,.1f} MiB per "
                        "token. It is now in the A/B pickers.")
+
+# a package analysed here (or any of this session's packages) can be folded: the pass + the interpreter's proof
+fold_candidates = [p for p in st.session_state.get("builds_packages", []) if fold_record_of(p) is None]
+if fold_candidates:
+    with st.form("builds_fold_form", border=False):
+        st.markdown("**Fold it**: remove the K/V copies (`qfold::fold_gqa_replication`), save the folded package "
+                    "and prove it against the original in the MIL interpreter.")
+        to_fold = st.selectbox("Package", fold_candidates, key="builds_fold_pick")
+        spec_path = st.text_input("Input spec (optional): path of a JSON file on this server naming the token-id, "
+                                  "position, mask and KV inputs; qfold's own builds need none",
+                                  key="builds_fold_spec")
+        fold_clicked = st.form_submit_button("Fold it", icon=":material/compress:")
+    if fold_clicked:
+        with st.spinner("Folding (read back, pass, save) and running both packages in the MIL interpreter…"):
+            try:
+                folded = fold_cached(to_fold, root, roles_path=spec_path.strip() or None)
+            except QfoldError as e:
+                st.error(str(e))
+            else:
+                packages = st.session_state.setdefault("builds_packages", [])
+                if str(folded.package) not in packages:
+                    packages.append(str(folded.package))
+                st.session_state["ab_a"] = package_ref(to_fold).id  # the A/B page opens on original vs fold
+                st.session_state["ab_b"] = package_ref(folded.package).id
+                st.success(f"{Path(to_fold).name}: {folded.summary()}. The folded package is on the A/B page "
+                           f"beside the original, and downloadable from Export (`{folded.package}`).")
+                st.page_link("app_pages/ab.py", label="Open the A/B", icon=":material/compare:")
+

@@ -62,6 +62,16 @@ class FoldResult:
     def proof_headline(self) -> str:
         return proof_from_json(self.record["proof"]).headline()
 
+    def summary(self) -> str:
+        """One line for the UI: tiles, bytes per token of the first function, and the proof."""
+        r = self.record["report"]
+        if not r["changed"]:
+            return f"nothing to fold: {r['tiles_found']} tile ops, none copies K/V for attention"
+        f = r["functions"][0]
+        before, after = f["before"]["total"], f["after"]["total"]
+        return (f"{r['tiles_folded']} of {r['tiles_found']} tile ops folded; bytes per token "
+                f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: {self.proof_headline}")
+
 
 def _pass():
     from analyzer.graph.passes import gqa_fold
@@ -149,7 +159,7 @@ def fold_cached(src: str | Path, root: str | Path | None = None, steps: int = DE
                 proof = prove_fold(pkg, tmp / PACKAGE_NAME, steps, seed, roles_path)
             else:
                 proof = FoldProof(False, reason="not requested")
-            record = {"key": key, "source_sha256": digest, "source_name": pkg.name,
+            record = {"key": key, "source_sha256": digest, "source_name": pkg.name, "source_path": str(pkg.resolve()),
                       "created": datetime.now(UTC).isoformat(timespec="seconds"),
                       "report": report_json(report), "proof": proof_json(proof), "proof_request": request}
             (tmp / FOLD_FILE).write_text(json.dumps(record))
@@ -157,6 +167,19 @@ def fold_cached(src: str | Path, root: str | Path | None = None, steps: int = DE
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return FoldResult(key, folder, folder / PACKAGE_NAME, record, False, time.monotonic() - t0)
+
+
+def fold_record_of(package: str | Path | None) -> dict[str, Any] | None:
+    """The ``fold.json`` of a cached fold's package (``<builds>/.folds/<key>/model.mlpackage``), else None."""
+    if package is None:
+        return None
+    f = Path(package).parent / FOLD_FILE
+    if Path(package).name != PACKAGE_NAME or Path(package).parent.parent.name != FOLDS_DIR or not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def copy_package(src: Path, dst: Path) -> None:

@@ -93,6 +93,28 @@ def equivalence_summary(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> Equival
     )
 
 
+def package_fold_summary(package_a, package_b) -> EquivalenceSummary | None:
+    """A package and its cached fold (``analyzer.build.fold.fold_cached``, e.g. the Builds page's "Fold it"):
+    the MIL interpreter's proof from the fold's record; None for any other pair of packages."""
+    from pathlib import Path
+
+    from analyzer.build.fold import fold_record_of
+
+    for orig, folded in ((package_a, package_b), (package_b, package_a)):
+        record = fold_record_of(folded)
+        if record is None or orig is None or record.get("source_path") != str(Path(orig).resolve()):
+            continue
+        proof = record["proof"]
+        if not proof.get("checked"):
+            return None
+        names = ("original", "folded") if orig == package_a else ("folded", "original")
+        return EquivalenceSummary(
+            variant_a=names[0], variant_b=names[1], steps=int(proof["steps"]),
+            fp16_bit_identical=bool(proof["bit_identical"]), fp16_max_abs_diff=max(proof["max_abs_diff"].values()),
+            fp32_max_abs_diff=None, greedy_agree_steps=None, checked="MIL interpreter, folded vs original")
+    return None
+
+
 def _fold_summary(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> EquivalenceSummary | None:
     """A build and its fold (``repeat_kv+fold``, analyzer.build.fold): the MIL interpreter's proof."""
     for orig, folded in ((doc_a, doc_b), (doc_b, doc_a)):
