@@ -1,10 +1,13 @@
 """``python -m analyzer``: everything the dashboard does, headless.
 
 Contract (scripts depend on these names):
-  build --model M --variant {repeat_kv,qfold} [--kv {state,input}] [--ctx N] [--set K=V ...]
+  build --model M --variant {repeat_kv,qfold,repeat_kv+fold} [--kv {state,input}] [--ctx N] [--set K=V ...]
         [--compression SPEC]          last stdout line: the build folder
   inspect PATH [--json] [--ops] [--csv]   PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json]
+  fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
+  run PKG --inputs IN.npz --out OUT.npz [--states S.npz] [--function NAME]
+      (or --steps N [--input-spec SPEC.json] [--seed S] instead of --inputs: N seeded decode steps)
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
 Bad arguments and failed steps exit non-zero with one line on stderr, no traceback.
 """
@@ -20,7 +23,8 @@ from analyzer.errors import QfoldError
 
 # Every subcommand, in --help order: a module ``analyzer.cli.<name>`` with ``add_parser(subparsers)`` that sets
 # ``func``. Imported directly: a broken subcommand is an error, never silently missing.
-COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "fit", "compression", "reanalyze", "presets", "builds")
+COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "fold", "run", "fit", "compression", "reanalyze", "presets",
+                             "builds")
 
 
 def make_parser() -> Parser:
