@@ -4,7 +4,7 @@
         IN.npz: one array per input name (cast to the declared dtype). OUT.npz: one array per output name and,
         for a stateful program, each state's final value under the state's name (states start at zero unless
         S.npz gives them).
-    run PKG --steps N [--spec SPEC.json] [--seed S] --out OUT.npz [--function NAME]
+    run PKG --steps N [--input-spec SPEC.json] [--seed S] --out OUT.npz [--function NAME]
         N decode steps with seeded random token ids and matching positions / causal masks (the input spec names
         them; qfold's own builds need none). OUT.npz: each output stacked over the steps ``[N, ...]``, the final
         states, and ``tokens`` ``[N, Q]``.
@@ -32,8 +32,11 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, metavar="OUT.npz", help="outputs (and final states) are written here")
     p.add_argument("--states", metavar="S.npz", help="initial state values (default: zeros)")
     p.add_argument("--function", metavar="NAME", help="function of a multi-function package (default: main)")
-    p.add_argument("--spec", metavar="SPEC.json", help="with --steps: which inputs are token ids, positions, masks, "
-                                                        "KV caches (see analyzer/graph/interpret/decode.py)")
+    p.add_argument("--input-spec", metavar="SPEC.json",
+                   help="with --steps: which inputs are token ids, positions, masks, KV caches: JSON "
+                        '{"token_ids": NAME, "position": NAME, "causal_mask": NAME, "vocab_size": N, '
+                        '"masked_value": F, "mask_includes_current": B, "kv_inputs": [{"input", "output", '
+                        '"index", "axis"}]} (analyzer/graph/interpret/decode.py); qfold builds need none')
     p.add_argument("--seed", type=int, default=0, help="with --steps: seed of the random token ids")
     p.set_defaults(func=cmd_run)
 
@@ -66,8 +69,8 @@ def write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 def cmd_run(args) -> int:
     from analyzer.graph.interpret import decode_steps, load_program, load_roles
 
-    if args.steps is None and (args.spec or args.seed):
-        raise InterpretError("--spec and --seed go with --steps")
+    if args.steps is None and (args.input_spec or args.seed):
+        raise InterpretError("--input-spec and --seed go with --steps")
     t0 = time.monotonic()
     interp = load_program(args.package, args.function)
     t_load = time.monotonic() - t0
@@ -77,7 +80,7 @@ def cmd_run(args) -> int:
         result = interp.run(read_npz(args.inputs, "--inputs"), states)
         arrays, n_states, final = dict(result.outputs), len(result.states), result.states
     else:
-        roles = load_roles(args.spec) if args.spec else None
+        roles = load_roles(args.input_spec) if args.input_spec else None
         run = decode_steps(interp, args.steps, roles, seed=args.seed, states=states)
         arrays = {n: np.stack([o[n] for o in run.outputs]) for n in interp.output_names}
         if "tokens" in arrays:

@@ -12,7 +12,8 @@ Public API (stable; the fold pass and the ``run`` CLI use it):
     decode_steps(interp, steps, roles=None, seed=0, tokens=None, states=None) -> DecodeRun
         N decode steps from position 0: seeded random token ids (or ``tokens``), matching positions and causal
         masks, states from zero, a host cache for KV inputs. roles=None infers them for qfold's own builds and
-        raises InterpretError otherwise. DecodeRun(outputs: list[dict], states, tokens, roles, random_inputs).
+        raises InterpretError otherwise. DecodeRun(outputs: list[dict], states, tokens [steps, Q], roles,
+        random_inputs: dict name → the seeded value given to every input no role names).
     infer_roles(interp) -> InputRoles | None;  load_roles(json_path) / roles_from_json(dict) -> InputRoles
     max_abs_diff(run_a, run_b) -> dict[output or state name, float]
 

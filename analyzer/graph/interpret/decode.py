@@ -21,7 +21,7 @@ Input spec JSON (every field but ``token_ids`` optional)::
                                           #   = output[index] (``index`` selects along the output's axis 0)
 
 Every other input gets a seeded N(0, 1) value (floats) or zeros (integers), the same at every step; the run
-lists them in ``DecodeRun.random_inputs``.
+returns them in ``DecodeRun.random_inputs`` (name → value).
 """
 
 from __future__ import annotations
@@ -63,13 +63,14 @@ class InputRoles:
 
 @dataclass(frozen=True)
 class DecodeRun:
-    """Per-step outputs, the final states, the token ids fed (``[steps, Q]``) and the inputs filled at random."""
+    """Per-step outputs, the final states, the token ids fed (``[steps, Q]``) and the inputs no role names (filled
+    at random, the same value at every step)."""
 
     outputs: list[dict[str, np.ndarray]]
     states: dict[str, np.ndarray]
     tokens: np.ndarray
     roles: InputRoles
-    random_inputs: tuple[str, ...] = field(default=())
+    random_inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 _SPEC_FIELDS = {"token_ids", "position", "causal_mask", "vocab_size", "masked_value", "mask_includes_current",
@@ -218,7 +219,7 @@ def decode_steps(interp: Interpreter, steps: int, roles: InputRoles | None = Non
                 raise InterpretError(f"kv_inputs: output {k.output!r}{'' if k.index is None else f'[{k.index}]'} "
                                      f"of shape {list(new.shape)} does not fit {k.input!r} slots {pos}..{pos + q}")
             cache[tuple(index)] = new.reshape(target.shape)
-    return DecodeRun(outputs, state or {}, tokens, roles, tuple(sorted(fixed)))
+    return DecodeRun(outputs, state or {}, tokens, roles, fixed)
 
 
 def _concrete(t) -> tuple[int, ...]:
