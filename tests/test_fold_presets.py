@@ -158,3 +158,23 @@ def test_cli_fold_contract(tiny_builds, builds_root, tmp_path, capsys):
     bad.mkdir()
     code, out, err = fold(bad, tmp_path / "h.mlpackage")
     assert code != 0 and err.startswith("error: ") and err.count("\n") == 1
+
+
+@pytest.mark.conversion
+def test_multifunction_package_folds_each_function(tiny_builds, tmp_path):
+    """Two functions (a repeat_kv and a qfold decode step): the one with tiles is folded, both are proven."""
+    from coremltools.models.utils import MultiFunctionDescriptor, save_multifunction
+
+    desc = MultiFunctionDescriptor()
+    desc.add_function(str(tiny_builds["repeat_kv"] / "model.mlpackage"), "main", "copies")
+    desc.add_function(str(tiny_builds["qfold"] / "model.mlpackage"), "main", "folded_already")
+    desc.default_function_name = "copies"
+    save_multifunction(desc, str(tmp_path / "multi.mlpackage"))
+    report = fold_package(tmp_path / "multi.mlpackage", tmp_path / "out.mlpackage")
+    tiles = {f.function: (f.kv_replication_tiles_before, f.kv_replication_tiles_after) for f in report.functions}
+    assert tiles == {"copies": (4, 0), "folded_already": (0, 0)}
+    assert report.weights is not None and report.weights.ok
+    proof = prove_fold(tmp_path / "multi.mlpackage", tmp_path / "out.mlpackage", steps=2)
+    assert proof.checked and proof.bit_identical
+    assert {n.split("/")[0] for n in proof.max_abs_diff} == {"copies", "folded_already"}
+    assert read_program(tmp_path / "out.mlpackage", "copies").tiles() == []

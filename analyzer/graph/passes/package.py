@@ -179,6 +179,9 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True) -
                                 file_weights_dir=model.weights_dir)
     except Exception as e:  # coremltools raises bare Exceptions (NotImplementedError for a docstring, ...)
         raise MilError(f"{pkg}: coremltools cannot read it back into a MIL program: {type(e).__name__}: {e}") from e
+    if spec.description.functions:  # a multi-function package: save it as one again, same default
+        program.default_function_name = spec.description.defaultFunctionName or functions[0]
+        program.export_as_multifunction = True
     lap("load_s")
     graph_pass = fold_gqa_replication()
     graph_pass(program)

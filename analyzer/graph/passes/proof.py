@@ -55,10 +55,35 @@ class FoldProof:
 
 def prove_fold(original: str | Path, folded: str | Path, steps: int = DEFAULT_STEPS, seed: int = 0,
                roles_path: str | Path | None = None, function: str | None = None) -> FoldProof:
-    """Run both packages for ``steps`` decode steps on the same seeded inputs and compare."""
-    from analyzer.graph.interpret import decode_steps, infer_roles, load_program, load_roles, max_abs_diff
+    """Run both packages for ``steps`` decode steps on the same seeded inputs and compare: ``function``, or
+    every function of a multi-function package (names then read ``function/output``)."""
+    from analyzer.graph.mil import load_function
 
     t0 = time.monotonic()
+    if function is None:
+        try:
+            functions = tuple(load_function(original).spec.mlProgram.functions)
+        except QfoldError as e:
+            return FoldProof(False, reason=str(e))
+        if len(functions) > 1:
+            parts = [prove_fold(original, folded, steps, seed, roles_path, fn) for fn in functions]
+            bad = next((p for fn, p in zip(functions, parts, strict=True) if not p.checked), None)
+            if bad is not None:
+                return bad
+            return FoldProof(
+                True, steps=steps, seed=seed, roles=parts[0].roles,
+                max_abs_diff={f"{fn}/{n}": d for fn, p in zip(functions, parts, strict=True)
+                              for n, d in p.max_abs_diff.items()},
+                max_abs_value={f"{fn}/{n}": v for fn, p in zip(functions, parts, strict=True)
+                               for n, v in p.max_abs_value.items()},
+                random_inputs=tuple(sorted({i for p in parts for i in p.random_inputs})),
+                seconds=round(time.monotonic() - t0, 3))
+    return _prove_function(original, folded, steps, seed, roles_path, function, t0)
+
+
+def _prove_function(original, folded, steps, seed, roles_path, function, t0) -> FoldProof:
+    from analyzer.graph.interpret import decode_steps, infer_roles, load_program, load_roles, max_abs_diff
+
     try:
         a = load_program(original, function)
         b = load_program(folded, function)
