@@ -351,3 +351,16 @@ def test_head_mapping_reads_the_chain_not_names():
     assert "copies nothing" in head_mapping(src, src.size).reason
     uneven = np.concatenate([src[:, [0, 0, 0]], src[:, [1]]], axis=1)
     assert "equal groups" in head_mapping(uneven, src.size).reason
+
+
+def test_foreign_package_without_roles_is_folded_but_not_claimed_equal(tmp_path):
+    """A package whose inputs are not a decode step's (no token ids): folded, weights checked, and the proof
+    says "not checked" instead of claiming anything."""
+    from analyzer.graph.passes.package import fold_package
+    from analyzer.graph.passes.proof import prove_fold
+
+    src = save(kv_input_program("repeat", 8, 2), tmp_path / "foreign.mlpackage")
+    report = fold_package(src, tmp_path / "folded.mlpackage")
+    assert report.tiles_folded == 2 and report.functions[0].kv_replication_tiles_after == 0
+    proof = prove_fold(src, tmp_path / "folded.mlpackage")
+    assert not proof.checked and "input spec" in proof.reason and proof.headline().startswith("not checked")
