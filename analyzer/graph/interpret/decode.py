@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from analyzer.errors import InterpretError
-from analyzer.graph.interpret.program import Interpreter
+from analyzer.graph.interpret.program import Interpreter, RunResult
 from analyzer.graph.interpret.values import np_dtype
 
 DEFAULT_MASKED_VALUE = -30000.0  # analyzer.model.decode.MASK_VALUE: large, negative and fp16-safe
@@ -153,11 +154,13 @@ def _mask(shape: tuple[int, ...], dtype: np.dtype, pos: int, q: int, value: floa
 
 
 def decode_steps(interp: Interpreter, steps: int, roles: InputRoles | None = None, seed: int = 0,
-                 tokens: np.ndarray | list | None = None, states: dict[str, np.ndarray] | None = None) -> DecodeRun:
+                 tokens: np.ndarray | list | None = None, states: dict[str, np.ndarray] | None = None,
+                 on_step: Callable[[int, RunResult], None] | None = None) -> DecodeRun:
     """Run ``steps`` decode steps from position 0 with seeded random token ids (or the given ``tokens``,
     ``[steps, Q]`` or ``[steps]``), the matching positions and causal masks, states starting at zero (or
     ``states``), and a host cache for KV inputs. ``roles`` default: ``infer_roles``; a package whose roles
-    cannot be inferred is an error naming what is missing."""
+    cannot be inferred is an error naming what is missing. ``on_step(i, result)`` is called after each step
+    (progress, timing)."""
     roles = roles or infer_roles(interp)
     if roles is None:
         raise InterpretError(f"{interp.path.name}: cannot tell which inputs are token ids, positions and masks "
@@ -208,6 +211,8 @@ def decode_steps(interp: Interpreter, steps: int, roles: InputRoles | None = Non
         result = interp.run(feed, state)
         state = result.states
         outputs.append(result.outputs)
+        if on_step is not None:
+            on_step(step, result)
         for k in roles.kv_inputs:
             new = result.outputs[k.output]
             new = new[k.index] if k.index is not None else new

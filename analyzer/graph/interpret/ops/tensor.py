@@ -237,7 +237,15 @@ def split(x, axis, num_splits=None, split_sizes=None):
 
 @register("tile")
 def tile(x, reps):
-    return np.tile(x, as_ints(reps))
+    """``np.tile`` in one copy: view ``x [s0, s1, ..]`` as ``[1, s0, 1, s1, ..]``, broadcast it to
+    ``[r0, s0, r1, s1, ..]`` (no data moves) and reshape to ``[r0·s0, r1·s1, ..]`` (the one copy)."""
+    x = np.asarray(x)
+    r = as_ints(reps)
+    r = [1] * (x.ndim - len(r)) + r
+    shape = [1] * (len(r) - x.ndim) + list(x.shape)
+    paired = [d for pair in zip(r, shape, strict=True) for d in pair]
+    view = np.broadcast_to(x.reshape([d for s in shape for d in (1, s)]), paired)
+    return view.reshape([a * b for a, b in zip(r, shape, strict=True)])
 
 
 # ------------------------------------------------------------------------------------------------- masks and fills
