@@ -5,11 +5,13 @@ The route (design.md, "Second stage")::
     Model.proto + weight.bin ──milproto.load──► pymil Program ──fold_gqa_replication──► Program
         ──ct.convert(program, pass_pipeline=FOLD_PIPELINE, minimum_deployment_target=<the original's>)──► save
 
-``FOLD_PIPELINE`` is the pass plus dead-code elimination and nothing else: coremltools drops from its
-backend pipeline every default pass the main pipeline leaves out, so no const is deduplicated, cast, fused
-or renamed and every weight keeps its name, dtype and bytes (:func:`weight_digests` checks that, per
-constant). Inputs, outputs, states, the spec version and the metadata are kept; the result is written
-beside the destination and renamed into place.
+The pass runs on the Program itself (so its per-tile decisions can be read back); ``ct.convert`` then runs
+``FOLD_PIPELINE``, dead-code elimination alone. coremltools also drops from its backend pipeline every default
+pass the main pipeline leaves out, so no const is deduplicated, folded, cast or renamed; what remains are the
+backend's own I/O-type and activation-fusion passes, which find nothing left to do in a package coremltools
+saved. Every stored weight keeps its name, dtype and bytes (:func:`weight_digests` checks that, per constant).
+Inputs, outputs, states, the spec version (deployment target), the metadata and multi-function layouts are
+kept; the result is written beside the destination and renamed into place.
 """
 
 from __future__ import annotations
