@@ -567,3 +567,18 @@ def test_unpack_bits_matches_coremltools(nbits, signed):
     got = unpack_bits(packed, nbits, values.size, signed)
     assert np.array_equal(got, values)
     assert np.array_equal(got, restore_elements_from_packed_bits(packed, nbits, values.size, signed))
+
+
+def test_fp32_programs_compute_in_fp32(tmp_path):
+    """An fp32 graph stays fp32 end to end: linear + softmax agree with float64 to fp32 precision."""
+    w, x = RNG.standard_normal((5, 7)).astype(np.float32), RNG.standard_normal((3, 7)).astype(np.float32)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 7), dtype=types.fp32)], opset_version=ct.target.iOS18)
+    def prog(x):
+        return mb.softmax(x=mb.linear(x=x, weight=w), axis=-1, name="p")
+
+    got = load_program(_save(prog, tmp_path / "f32.mlpackage")).run({"x": x}).outputs["p"]
+    logits = x.astype(np.float64) @ w.astype(np.float64).T
+    want = np.exp(logits - logits.max(-1, keepdims=True))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -24,43 +24,51 @@ TABLE = (np.random.default_rng(3).standard_normal((VOCAB, DIM)) * 0.5).astype(np
 SPEC = {"token_ids": "tok", "position": "where", "causal_mask": "bias", "vocab_size": VOCAB}
 
 
-@pytest.fixture(scope="module")
-def foreign(tmp_path_factory) -> Path:
-    """A one-layer "decoder" with its own names: embed ``tok`` (gather), write it into the ``memory`` state at
-    ``where``, attend over the memory with the additive mask ``bias``, scale by ``temperature``, project back
-    onto the table: logits ``[1, 16]``."""
+def _build_foreign(path: Path, q: int) -> Path:
+    """A one-layer "decoder" with its own names: embed the ``q`` tokens ``tok`` (gather), write them into the
+    ``memory`` state from slot ``where``, attend over the memory with the additive mask ``bias [1, 1, q, 8]``,
+    scale by ``temperature``, project back onto the table: logits ``[q, 16]``."""
 
     @mb.program(input_specs=[mb.StateTensorSpec(shape=(1, 1, SLOTS, DIM), dtype=types.fp16),
-                             mb.TensorSpec(shape=(1, 1), dtype=types.int32),
+                             mb.TensorSpec(shape=(1, q), dtype=types.int32),
                              mb.TensorSpec(shape=(1,), dtype=types.int32),
-                             mb.TensorSpec(shape=(1, 1, 1, SLOTS), dtype=types.fp16),
+                             mb.TensorSpec(shape=(1, 1, q, SLOTS), dtype=types.fp16),
                              mb.TensorSpec(shape=(1,), dtype=types.fp16)], opset_version=ct.target.iOS18)
     def prog(memory, tok, where, bias, temperature):
-        e = mb.reshape(x=mb.gather(x=TABLE, indices=tok, axis=0), shape=[1, 1, 1, DIM])
+        e = mb.reshape(x=mb.gather(x=TABLE, indices=tok, axis=0), shape=[1, 1, q, DIM])
         begin = mb.concat(values=[np.array([0, 0], np.int32), where, np.array([0], np.int32)], axis=0)
         upd = mb.slice_update(x=mb.read_state(input=memory), update=e, begin=begin,
-                              end=mb.add(x=begin, y=np.array([1, 1, 1, DIM], np.int32)))
+                              end=mb.add(x=begin, y=np.array([1, 1, q, DIM], np.int32)))
         mb.coreml_update_state(state=memory, value=upd)
         mem = mb.read_state(input=memory)
         scores = mb.add(x=mb.mul(x=mb.matmul(x=e, y=mem, transpose_y=True), y=temperature), y=bias)
-        ctx = mb.matmul(x=mb.softmax(x=scores, axis=-1), y=mem)  # [1, 1, 1, DIM]
-        return mb.matmul(x=mb.reshape(x=ctx, shape=[1, DIM]), y=TABLE, transpose_y=True, name="logits")
+        ctx = mb.matmul(x=mb.softmax(x=scores, axis=-1), y=mem)  # [1, 1, q, DIM]
+        return mb.matmul(x=mb.reshape(x=ctx, shape=[q, DIM]), y=TABLE, transpose_y=True, name="logits")
 
-    path = tmp_path_factory.mktemp("foreign") / "foreign.mlpackage"
     ct.convert(prog, convert_to="mlprogram", pass_pipeline=ct.PassPipeline.EMPTY,
                minimum_deployment_target=ct.target.iOS18).save(str(path))
     return path
 
 
-def _reference(tokens, temperature: float) -> list[np.ndarray]:
-    """The same decode in float64: each token sees the slots up to and including its own."""
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory) -> Path:
+    return _build_foreign(tmp_path_factory.mktemp("foreign") / "foreign.mlpackage", 1)
+
+
+def _reference(tokens: np.ndarray, temperature: float) -> list[np.ndarray]:
+    """The same decode in float64, ``tokens [steps, q]``: the token at position p sees slots 0..p."""
     memory, out = np.zeros((SLOTS, DIM)), []
-    for pos, tok in enumerate(tokens):
-        e = TABLE[tok].astype(np.float64)
-        memory[pos] = e
-        scores = memory @ e * temperature + np.where(np.arange(SLOTS) <= pos, 0.0, -30000.0)
-        p = np.exp(scores - scores.max())
-        out.append((p / p.sum()) @ memory @ TABLE.astype(np.float64).T)
+    steps, q = tokens.shape
+    for s in range(steps):
+        rows = []
+        for r, tok in enumerate(tokens[s]):
+            memory[s * q + r] = TABLE[tok]
+        for r, tok in enumerate(tokens[s]):
+            e = TABLE[tok].astype(np.float64)
+            scores = memory @ e * temperature + np.where(np.arange(SLOTS) <= s * q + r, 0.0, -30000.0)
+            p = np.exp(scores - scores.max())
+            rows.append((p / p.sum()) @ memory @ TABLE.astype(np.float64).T)
+        out.append(np.stack(rows))
     return out
 
 
@@ -77,12 +85,23 @@ def test_decode_steps_with_a_spec_matches_the_reference(foreign):
     assert run.tokens.shape == (4, 1) and run.tokens.max() < VOCAB
     assert set(run.random_inputs) == {"temperature"}  # named by no role: seeded random, the same every step
     temperature = float(run.random_inputs["temperature"][0])
-    for got, want in zip(run.outputs, _reference(run.tokens[:, 0], temperature), strict=True):
-        np.testing.assert_allclose(got["logits"][0].astype(np.float64), want, rtol=2e-3, atol=2e-3)
+    for got, want in zip(run.outputs, _reference(run.tokens, temperature), strict=True):
+        np.testing.assert_allclose(got["logits"].astype(np.float64), want, rtol=2e-3, atol=2e-3)
     written = run.states["memory"][0, 0]
     assert np.array_equal(written[:4], TABLE[run.tokens[:, 0]]) and not written[4:].any()
     again = decode_steps(interp, 4, roles_from_json(SPEC), seed=1)
     assert np.array_equal(again.tokens, run.tokens)  # seeded
+
+
+def test_several_tokens_per_step(tmp_path):
+    """q_len 2 (prefill-style chunks): positions advance by 2 and mask row r of a step sees its own slot."""
+    interp = load_program(_build_foreign(tmp_path / "q2.mlpackage", 2))
+    run = decode_steps(interp, 3, roles_from_json(SPEC), seed=2)
+    assert run.tokens.shape == (3, 2)
+    temperature = float(run.random_inputs["temperature"][0])
+    for got, want in zip(run.outputs, _reference(run.tokens, temperature), strict=True):
+        np.testing.assert_allclose(got["logits"].astype(np.float64), want, rtol=2e-3, atol=2e-3)
+    assert np.array_equal(run.states["memory"][0, 0, :6], TABLE[run.tokens.reshape(-1)])
 
 
 @pytest.mark.parametrize(("doc", "message"), [
