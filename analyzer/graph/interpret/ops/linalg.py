@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.graph.interpret.ops._common import as_bool, as_int, as_ints, f32
+from analyzer.graph.interpret.ops._common import as_bool, as_int, as_ints, f32, widen_into
 from analyzer.graph.interpret.registry import register
 
 BLOCK_ELEMS = 1 << 17  # 128 Ki elements per widened block: 512 KiB of fp32, well inside a 2 MiB L2
@@ -28,7 +28,7 @@ def _is_narrow(a) -> bool:
 
 def _linear_f32(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """``x @ weight.T`` for ``x [..., in]``, ``weight [out, in]``, accumulated in fp32, the weight widened in
-    blocks of output rows."""
+    blocks of output rows into one reused buffer."""
     x32 = f32(x)
     out_features, in_features = weight.shape
     if not _is_narrow(weight) or weight.size <= BLOCK_ELEMS:
@@ -37,8 +37,13 @@ def _linear_f32(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     xt = np.ascontiguousarray(np.moveaxis(x32, -1, 0).reshape(in_features, -1))  # [in, N]
     rows = max(1, BLOCK_ELEMS // max(1, in_features))
     flat = out.reshape(out_features, -1)
+    buf = np.empty((rows, in_features), dtype=np.float32)
+    contiguous = weight.flags.c_contiguous
     for start in range(0, out_features, rows):
-        np.matmul(weight[start:start + rows].astype(np.float32), xt, out=flat[start:start + rows])
+        n = min(rows, out_features - start)
+        block = weight[start:start + n]
+        widen_into(buf[:n], block if contiguous else np.ascontiguousarray(block))
+        np.matmul(buf[:n], xt, out=flat[start:start + n])
     return np.moveaxis(out, 0, -1)
 
 
@@ -49,8 +54,20 @@ def _batched_matmul_f32(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     xb = np.broadcast_to(x, (*batch, *x.shape[-2:]))
     yb = np.broadcast_to(y, (*batch, *y.shape[-2:]))
     out = np.empty((*batch, x.shape[-2], y.shape[-1]), dtype=np.float32)
+    bufs = {}
+
+    def wide(a: np.ndarray, key: str) -> np.ndarray:
+        if a.dtype != np.float16:
+            return a
+        transposed = not a.flags.c_contiguous and a.T.flags.c_contiguous  # K viewed as Kᵀ: widen K, pass Kᵀ
+        src = a.T if transposed else np.ascontiguousarray(a)
+        if key not in bufs:
+            bufs[key] = np.empty(src.shape, np.float32)
+        dst = widen_into(bufs[key], src)
+        return dst.T if transposed else dst
+
     for idx in np.ndindex(*batch):
-        np.matmul(f32(xb[idx]), f32(yb[idx]), out=out[idx])
+        np.matmul(wide(xb[idx], "x"), wide(yb[idx], "y"), out=out[idx])
     return out
 
 
