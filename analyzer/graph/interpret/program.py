@@ -96,17 +96,15 @@ class Interpreter:
         return tuple(n for n in self._consts if n not in folded) + folded
 
     # -------------------------------------------------------------------------------------------- run
-    def zero_states(self) -> dict[str, np.ndarray]:
-        return {s.name: np.zeros(_shape(s), dtype=np_dtype(s.dtype)) for s in self.states}
-
     def run(self, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray] | None = None) -> RunResult:
         """Evaluate the function once. ``inputs``: one array per input name (cast to the declared dtype);
         ``states``: initial state values (default zeros; not modified). Returns outputs and final states."""
         env: dict[str, object] = dict(self._consts)
-        env.update(self._check_inputs(inputs))
-        store = self.zero_states()
-        if states:
-            store.update(self._check_values(states, self.states, "state"))
+        env.update(self._check_values(inputs, self.inputs, "input"))
+        store = self._check_values(states, self.states, "state") if states else {}
+        for s in self.states:  # a state not given starts at zero
+            if s.name not in store:
+                store[s.name] = np.zeros(_shape(s), dtype=np_dtype(s.dtype))
         for s in self.states:
             env[s.name] = StateRef(s.name, store)
         for step in self._steps:
@@ -145,9 +143,6 @@ class Interpreter:
                                  f"declares {len(step.outputs)}")
         for info, value in zip(step.outputs, results, strict=True):
             env[info.name] = _conform(value, info, step)
-
-    def _check_inputs(self, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._check_values(given, self.inputs, "input")
 
     def _check_values(self, given: dict, declared: tuple[TensorInfo, ...], kind: str) -> dict[str, np.ndarray]:
         names = {t.name for t in declared}
