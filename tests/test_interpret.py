@@ -582,3 +582,18 @@ def test_fp32_programs_compute_in_fp32(tmp_path):
     want = np.exp(logits - logits.max(-1, keepdims=True))
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_activation_quantize_dequantize(tmp_path):
+    """iOS17 ``quantize`` → ``dequantize`` (activation quantization): round(x / scale) + zero_point, clipped to
+    int8, then back."""
+    x, scale = _f16(2, 6), np.float16(0.05)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 6), dtype=types.fp16)], opset_version=ct.target.iOS18)
+    def prog(x):
+        q = mb.quantize(input=x, scale=scale, zero_point=np.int8(3), output_dtype="int8", name="q")
+        return mb.dequantize(input=q, scale=scale, zero_point=np.int8(3), name="dq")
+
+    out = load_program(_save(prog, tmp_path / "q.mlpackage")).run({"x": x}).outputs["dq"]
+    q = np.clip(np.round(x.astype(np.float32) / np.float32(scale)) + 3, -128, 127)
+    _close(out, np.float32(scale) * (q - 3))
