@@ -79,7 +79,7 @@ def test_ab_page_shows_the_default_pair(expected_pair):
         cats = next(d.value for d in at.dataframe if "Δ MiB" in d.value.columns).set_index("category")
         assert cats.loc["replication", "Δ MiB"] == pytest.approx(-1_920.0)
         assert cats.loc["replication", "Δ MB"] == pytest.approx(-2_013.27, abs=0.01)
-    assert any("bit-identical" in s and "greedy tokens agree" in s for s in texts(at.success))
+    assert any("bit-identical" in s and "greedy agreement" in s for s in texts(at.success))
     assert any("No Core ML runtime on Linux" in c for c in texts(at.caption))
     # the drill-down's sum equals the total it expands
     assert any("✓" in s for s in texts(at.success)), texts(at.success)
