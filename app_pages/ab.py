@@ -22,7 +22,14 @@ from analyzer.report.catalog import (
     default_pair,
     shipped_analyses,
 )
-from analyzer.report.headline import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, headline_frame
+from analyzer.report.headline import (
+    NO_RUNTIME_NOTE,
+    UNITS_NOTE,
+    ab_headline,
+    equivalence_text,
+    headline_frame,
+    package_fold_summary,
+)
 from app_pages import graph_view, shared
 
 st.title("A/B: where the KV copies go")
@@ -159,16 +166,12 @@ with about:
                             min_value=5_000.0, max_value=200_000.0, step=100.0, format="%.0f",
                             help="tok/s = BW ÷ bytes per token; 1 MB = 10^6 B. Default: the write-up's 55,900 "
                                  "MB/s, an assumed model constant for its A/B iPhone, not a measured DRAM figure.")
-    eq = h.equivalence
+    eq = h.equivalence or package_fold_summary(ref_a.package_path, ref_b.package_path)  # a package and its fold
     if eq is None:
         st.info("Equivalence: not available for this pair (it is checked in torch between the variants of one "
                 "source, KV mode, ctx and compression).", icon=":material/rule:")
     else:
-        fp16 = ("fp16 **bit-identical**" if eq.fp16_bit_identical
-                else f"fp16 max |Δ logits| {eq.fp16_max_abs_diff:.3g}")
-        st.success(f"**Equivalence** ({eq.variant_a} vs {eq.variant_b}, torch, {eq.steps} decode steps): {fp16}; "
-                   f"fp32 max |Δ logits| {eq.fp32_max_abs_diff:.2g}; greedy tokens agree "
-                   f"{eq.greedy_agree_steps}/{eq.steps}.", icon=":material/check_circle:")
+        st.success(f"**Equivalence**: {equivalence_text(eq)}.", icon=":material/check_circle:")
     st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
 
 # ---------------------------------------------------------------------------------------------- side by side

@@ -15,9 +15,11 @@ import streamlit as st
 from analyzer import fmt
 from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, list_builds, queue
 from analyzer.build.compress import PRESETS, canonical_spec
+from analyzer.build.fold import fold_cached, fold_record_of
 from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError, SourceError
 from analyzer.fmt import MIB
+from analyzer.fsio import path_under_roots
 from analyzer.model.sources import (
     DEFAULT_PRESET,
     STRUCTURE_OVERRIDES,
@@ -135,7 +137,7 @@ with st.container(border=True):
             typed = st.text_input("Folder on this server with config.json and *.safetensors (optional)",
                                   key="builds_folder", placeholder="/models/EXAONE-4.0-1.2B")
             if typed.strip():
-                folder = Path(typed.strip()).expanduser()
+                folder = path_under_roots(typed)  # only under $QFOLD_DATA_ROOTS: visitors cannot probe the server
                 resolved = cached_call(resolve_folder, str(folder), folder_stamp(folder), overrides)
     except QfoldError as e:
         st.error(str(e))
@@ -259,8 +261,13 @@ st.caption("Any ML Program package on this server, e.g. one another tool built: 
 with st.form("builds_package_form", border=False):
     typed_package = st.text_input("Path of the .mlpackage on this server", key="builds_package_path")
     submitted = st.form_submit_button("Analyse", icon=":material/search:")
+path = None
 if submitted and typed_package.strip():
-    path = Path(typed_package.strip()).expanduser()
+    try:
+        path = path_under_roots(typed_package)  # only under $QFOLD_DATA_ROOTS: visitors cannot probe the server
+    except QfoldError as e:
+        st.error(str(e))
+if path is not None:
     if path.suffix != ".mlpackage" or not path.is_dir():
         st.error(f"{path}: not a .mlpackage folder on this server")
     else:
@@ -282,3 +289,32 @@ if submitted and typed_package.strip():
                     examples = ", ".join(f"`{u.tensor}` {u.shape}" for u in a.account.unsized[:3])
                     st.warning(f"{len(a.account.unsized)} tensors have a symbolic (flexible) dimension and are in no "
                                f"byte total, e.g. {examples}")
+
+# a package analysed here (or any of this session's packages) can be folded: the pass + the interpreter's proof
+fold_candidates = [p for p in st.session_state.get("builds_packages", []) if fold_record_of(p) is None]
+if fold_candidates:
+    with st.form("builds_fold_form", border=False):
+        st.markdown("**Fold it**: remove the K/V copies (`qfold::fold_gqa_replication`), save the folded package "
+                    "and prove it against the original in the MIL interpreter.")
+        to_fold = st.selectbox("Package", fold_candidates, key="builds_fold_pick")
+        spec_path = st.text_input("Input spec (optional): path of a JSON file on this server naming the token-id, "
+                                  "position, mask and KV inputs; qfold's own builds need none",
+                                  key="builds_fold_spec")
+        fold_clicked = st.form_submit_button("Fold it", icon=":material/compress:")
+    if fold_clicked:
+        with st.spinner("Folding (read back, pass, save) and running both packages in the MIL interpreter…"):
+            try:
+                roles = str(path_under_roots(spec_path)) if spec_path.strip() else None
+                folded = fold_cached(to_fold, root, roles_path=roles)
+            except QfoldError as e:
+                st.error(str(e))
+            else:
+                packages = st.session_state.setdefault("builds_packages", [])
+                if str(folded.package) not in packages:
+                    packages.append(str(folded.package))
+                st.session_state["ab_a"] = package_refs(to_fold)[0].id  # the A/B page opens on original vs fold
+                st.session_state["ab_b"] = package_refs(folded.package)[0].id
+                st.success(f"{Path(to_fold).name}: {folded.summary()}. The folded package is on the A/B page "
+                           f"beside the original, and downloadable from Export (`{folded.package}`).")
+                st.page_link("app_pages/ab.py", label="Open the A/B", icon=":material/compare:")
+

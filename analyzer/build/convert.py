@@ -113,9 +113,11 @@ def convert_step(step, keep_duplicate_consts: bool = False):
 
 
 def _equivalence(spec: BuildSpec, model, cache_dir: Path | None):
-    """The equivalence report depends on the source, KV mode, ctx and steps but not on the variant being
-    built, so the two builds of an A/B pair share one computation (for the full-size model it is minutes
-    of fp16 matmuls on the CPU), cached under ``builds/.equivalence/``."""
+    """The torch report depends on the source, KV mode, ctx and steps but not on the variant being built, nor
+    on compression (applied to the converted program, never to the torch model), so every build of one
+    source shares one computation (for the full-size model it is minutes of fp16 matmuls on the CPU),
+    cached under ``builds/.equivalence/``. It is about uncompressed torch weights only: each build's record
+    says so in its ``checks`` (``analyzer.build.equivalence``), beside the check of the package itself."""
     import hashlib
 
     from analyzer.graph.buildinfo import equivalence_from_json, equivalence_json
@@ -145,6 +147,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     """Do the work of one build into ``out_dir``; returns its analysis."""
     import torch
 
+    from analyzer.build.equivalence import interpreter_check, interpreter_reference, torch_check
     from analyzer.graph.buildinfo import BuildInfo
     from analyzer.graph.mil import read_program
     from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
@@ -179,6 +182,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     step = DecodeStep(model, spec.ctx, spec.variant, spec.kv_mode).eval()
     emit(0.20, "convert", f"tracing and converting ({spec.variant}, KV as {spec.kv_mode}, ctx {spec.ctx})")
     mlmodel = timed("convert_s", convert_step, step, keep_duplicate_consts=untied)
+    reference = timed("reference_s", interpreter_reference, model, spec, list(equivalence.tokens))
     del step, model
     if plan is not None:
         from analyzer.build.compress import compress_model
@@ -191,10 +195,14 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     del mlmodel
     emit(0.95, "walk", "walking the saved MIL program")
     program = replace(timed("walk_s", read_program, pkg), path=PACKAGE_NAME)
+    emit(0.97, "check", "running the package in the MIL interpreter against torch")
+    stored = spec.stored()
+    checks = (torch_check(equivalence, stored),
+              timed("interpreter_check_s", interpreter_check, pkg, spec, list(equivalence.tokens), reference))
     info = BuildInfo(
         key=spec.key,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
-        spec=spec.stored(),
+        spec=stored,
         geometry=geometry,
         versions=tool_versions(),
         timings_s=timings,
@@ -202,6 +210,7 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
         package_bytes=sum(f.stat().st_size for f in pkg.rglob("*") if f.is_file()),
         equivalence=equivalence,
         untied_embeddings=untied,
+        checks=checks,
     )
     return Analysis(program, info)
 

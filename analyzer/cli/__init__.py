@@ -1,12 +1,15 @@
 """``python -m analyzer``: everything the dashboard does, headless.
 
 Contract (scripts depend on these names):
-  build --model M --variant {repeat_kv,qfold} [--kv {state,input}] [--ctx N] [--set K=V ...]
+  build --model M --variant {repeat_kv,qfold,repeat_kv+fold} [--kv {state,input}] [--ctx N] [--set K=V ...]
         [--compression SPEC]          last stdout line: the build folder
   inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}]
                                           PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}]
   graph A [B] [--layer N|outside] --out FILE.svg|FILE.dot [--no-collapse]   last stdout line: the file written
+  fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
+  run PKG --inputs IN.npz --out OUT.npz [--states S.npz] [--function NAME]
+      (or --steps N [--input-spec SPEC.json] [--seed S] instead of --inputs: N seeded decode steps)
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
   sweep --model M [--model M2 ...] --ctx 512,1024 --variant repeat_kv,qfold [--compression SPEC ...]
         [--structure] [--set K=V ...] [--address ADDR] --out TABLE.csv   last stdout line: the table
@@ -24,8 +27,8 @@ from analyzer.errors import QfoldError
 
 # Every subcommand, in --help order: a module ``analyzer.cli.<name>`` with ``add_parser(subparsers)`` that sets
 # ``func``. Imported directly: a broken subcommand is an error, never silently missing.
-COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "graph", "fit", "sweep", "compression", "reanalyze", "presets",
-                             "builds")
+COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "graph", "fold", "run", "fit", "sweep", "compression",
+                             "reanalyze", "presets", "builds")
 
 
 def make_parser() -> Parser:

@@ -8,6 +8,7 @@ from analyzer.cli.common import positive_int
 
 
 def add_parser(sub) -> None:
+    from analyzer.build.fold import FOLD_VARIANT
     from analyzer.model.sources import DEFAULT_PRESET, preset_names
     from analyzer.model.variants import KV_MODES, VARIANTS
 
@@ -17,7 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_PRESET,
                    help=f"preset ({', '.join(preset_names())}), a config.json path, or a local HF model folder "
                         "(its *.safetensors weights are loaded; never pickle, never remote code)")
-    p.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    p.add_argument("--variant", required=True, choices=[*sorted(VARIANTS), FOLD_VARIANT],
+                   help=f"attention variant; {FOLD_VARIANT} = the repeat_kv build plus the fold pass "
+                        "(one conversion, both sides of the A/B; proven in the MIL interpreter)")
     p.add_argument("--kv", default="state", choices=KV_MODES, help="KV cache as Core ML state (default) or inputs")
     p.add_argument("--ctx", type=positive_int, default=4096, help="context length (cache slots), default 4096")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -39,6 +42,7 @@ def add_parser(sub) -> None:
 
 def cmd_build(args) -> int:
     from analyzer.build.builds import BuildSpec, run_build
+    from analyzer.build.fold import FOLD_BASE_VARIANT, FOLD_VARIANT, build_folded
     from analyzer.model.sources import STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
 
     overrides = (list(STRUCTURE_OVERRIDES) if args.structure else []) + list(args.overrides)
@@ -48,12 +52,14 @@ def cmd_build(args) -> int:
         from analyzer.build.compress import canonical_spec
 
         compression = canonical_spec(args.compression, geometry_of(load_config(source)).num_layers)
-    spec = BuildSpec(source, args.variant, args.kv, args.ctx, compression, args.steps)
+    folded = args.variant == FOLD_VARIANT
+    spec = BuildSpec(source, FOLD_BASE_VARIANT if folded else args.variant, args.kv, args.ctx, compression, args.steps)
 
     def progress(p) -> None:
         print(f"[{p.fraction * 100:3.0f}%] {p.stage}: {p.message}", file=sys.stderr, flush=True)
 
-    result = run_build(spec, args.builds_dir, on_progress=progress, force_ctx=args.force_ctx)
+    result = (build_folded(spec, args.builds_dir, on_progress=progress) if folded else
+              run_build(spec, args.builds_dir, on_progress=progress, force_ctx=args.force_ctx))
     print(f"{'reused' if result.reused else 'built'} {result.key} in {result.seconds:.1f} s", file=sys.stderr)
     print(result.path)
     return 0

@@ -89,6 +89,64 @@ def equivalence_from_json(f: Field) -> EquivalenceReport:
                              reference)
 
 
+# What a build's equivalence checks compare (analyzer.build.equivalence makes them).
+CHECK_KINDS: dict[str, str] = {
+    "torch_variants": "torch vs torch",
+    "interpreter_vs_torch": "MIL interpreter vs torch",
+    "folded_vs_original": "folded vs original (MIL interpreter)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EquivalenceCheck:
+    """One comparison a build's record makes: what against what, on which weights, and the outcome."""
+
+    kind: str  # a CHECK_KINDS key
+    compared: str  # what against what
+    weights: str  # which weights the comparison ran on
+    steps: int
+    checked: bool
+    max_abs_diff: float | None = None
+    max_abs_value: float | None = None  # the largest |output| of the reference side, to judge max_abs_diff by
+    bit_identical: bool | None = None
+    greedy_agree_steps: int | None = None
+    covers_package_weights: bool = True  # False: the weights compared are not the ones this package stores
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CHECK_KINDS:
+            raise ValueError(f"equivalence check kind {self.kind!r}: one of {', '.join(CHECK_KINDS)}")
+
+    @property
+    def label(self) -> str:
+        return CHECK_KINDS[self.kind]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "label": self.label}
+
+    @classmethod
+    def from_json(cls, f: Field) -> EquivalenceCheck:
+        kind = f["kind"].str()
+        if kind not in CHECK_KINDS:
+            f["kind"].fail(f"one of {', '.join(CHECK_KINDS)}, got {kind!r}")
+
+        def opt_number(name: str) -> float | None:
+            v = f.get(name)
+            return None if v is None or v.value is None else v.number()
+
+        def opt_bool(name: str) -> bool | None:
+            v = f.get(name)
+            return None if v is None or v.value is None else v.bool()
+
+        agree = f.get("greedy_agree_steps")
+        covers = f.get("covers_package_weights")
+        note = f.get("note")
+        return cls(kind, f["compared"].str(), f["weights"].str(), f["steps"].count(), f["checked"].bool(),
+                   opt_number("max_abs_diff"), opt_number("max_abs_value"), opt_bool("bit_identical"),
+                   None if agree is None else agree.opt_int(), True if covers is None else covers.bool(),
+                   "" if note is None else note.str())
+
+
 # The top-level keys of a build's analysis.json that BuildInfo reads, in the order they are written.
 BUILD_KEYS = ("key", "created", "spec", "geometry", "versions", "timings", "peak_rss_bytes", "package_bytes",
               "equivalence", "untied_embeddings")
@@ -107,6 +165,12 @@ class BuildInfo:
     equivalence: EquivalenceReport | None  # the torch check of the variants; None when a build skipped it
     untied_embeddings: bool  # a tied embedding/lm_head was untied to take two compression schemes
     extra: dict[str, Any] = field(default_factory=dict)  # top-level keys a newer qfold wrote, kept as written
+    # what was compared, on which weights (torch variants, this package in the interpreter, folded vs original);
+    # stored inside the equivalence object as "checks"
+    checks: tuple[EquivalenceCheck, ...] = ()
+
+    def check(self, kind: str) -> EquivalenceCheck | None:
+        return next((c for c in self.checks if c.kind == kind), None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,7 +182,8 @@ class BuildInfo:
             "timings": dict(self.timings_s),
             "peak_rss_bytes": self.peak_rss_bytes,
             "package_bytes": self.package_bytes,
-            "equivalence": None if self.equivalence is None else equivalence_json(self.equivalence),
+            "equivalence": None if self.equivalence is None else {
+                **equivalence_json(self.equivalence), "checks": [c.to_json() for c in self.checks]},
             "untied_embeddings": self.untied_embeddings,
         }
 
@@ -138,6 +203,8 @@ class BuildInfo:
             equivalence=None if eq is None else equivalence_from_json(eq),
             untied_embeddings=f["untied_embeddings"].bool(),
             extra={k: v.value for k, v in f.dict().items() if k not in (*BUILD_KEYS, *known)},
+            checks=() if eq is None or eq.get("checks") is None else
+            tuple(EquivalenceCheck.from_json(c) for c in eq["checks"].list()),
         )
 
 

@@ -13,6 +13,7 @@ protobuf reading in :mod:`analyzer.graph.milproto`, the per-op facts (layer, til
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from analyzer.errors import MilError
@@ -28,8 +29,23 @@ from analyzer.graph.program import (
     consumer_map,
 )
 
-__all__ = ["DTYPE_BITS", "VIEW_OPS", "InputRef", "MilProgram", "OpRecord", "TensorInfo", "consumer_map",
-           "find_package", "layer_from_name", "list_functions", "read_program"]
+__all__ = [
+    "DTYPE_BITS",
+    "VIEW_OPS",
+    "Blobs",
+    "InputRef",
+    "LoadedFunction",
+    "MilProgram",
+    "OpRecord",
+    "TensorInfo",
+    "consumer_map",
+    "find_package",
+    "layer_from_name",
+    "list_functions",
+    "load_function",
+    "read_program",
+    "tensor_info",
+]
 
 
 def find_package(path: str | Path) -> Path:
@@ -114,9 +130,24 @@ def list_functions(path: str | Path) -> tuple[str, ...]:
     return (default, *sorted(n for n in spec.mlProgram.functions if n != default))
 
 
-def read_program(path: str | Path, function: str | None = None) -> MilProgram:
-    """Parse a saved ML Program package into op records (with layers and tile kinds). ``function`` picks
-    one function of a multi-function package; None is the default function."""
+@dataclass(frozen=True)
+class LoadedFunction:
+    """One function of a package's ``Model.proto``, ready to walk or evaluate."""
+
+    package: Path
+    spec: object  # coremltools.proto.Model_pb2.Model
+    name: str
+    function: object  # MIL_pb2.Function
+    block: object  # MIL_pb2.Block of the function's opset
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.package / "Data" / "com.apple.CoreML" / "weights"
+
+
+def load_function(path: str | Path, function: str | None = None) -> LoadedFunction:
+    """Read ``Model.proto`` of a package (or build folder) and pick a function: ``function``, else the default
+    one. Raises ``MilError`` for anything that is not a readable ML Program."""
     pkg = find_package(path)
     spec = _load_ml_program(pkg)
     funcs = spec.mlProgram.functions
@@ -126,10 +157,17 @@ def read_program(path: str | Path, function: str | None = None) -> MilProgram:
     func = funcs[fn]
     if func.opset not in func.block_specializations:
         raise MilError(f"{pkg}: function {fn!r} has no block for its opset {func.opset!r}")
-    blobs = Blobs(pkg / "Data" / "com.apple.CoreML" / "weights")
+    return LoadedFunction(pkg, spec, fn, func, func.block_specializations[func.opset])
+
+
+def read_program(path: str | Path, function: str | None = None) -> MilProgram:
+    """Parse a saved ML Program package into op records (with layers and tile kinds). ``function`` picks
+    one function of a multi-function package; None is the default function."""
+    loaded = load_function(path, function)
+    pkg, spec, fn, func = loaded.package, loaded.spec, loaded.name, loaded.function
+    blobs = Blobs(loaded.weights_dir)
     try:
-        ops = walk_block(func.block_specializations[func.opset], blobs,
-                         {i.name: tensor_info(i.name, i.type) for i in func.inputs})
+        ops = walk_block(loaded.block, blobs, {i.name: tensor_info(i.name, i.type) for i in func.inputs})
     finally:
         blobs.close()
     desc = spec.description

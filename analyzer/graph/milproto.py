@@ -66,6 +66,7 @@ class Blobs:
     def __init__(self, weights_dir: Path):
         self.weights_dir = weights_dir
         self._files: dict[str, object] = {}
+        self._maps: dict[str, object] = {}
 
     def size(self, file_name: str, offset: int) -> int:
         return self._header(file_name, offset)[0]
@@ -78,11 +79,30 @@ class Blobs:
         f.seek(data_offset)  # type: ignore[attr-defined]
         return not any(f.read(size))  # type: ignore[attr-defined]
 
-    def _header(self, file_name: str, offset: int):
+    def data(self, file_name: str, offset: int):
+        """The stored bytes of one blob as a read-only, memory-mapped ``uint8`` array (nothing is read until
+        it is used; the mapping stays valid after ``close``)."""
+        import numpy as np
+
+        size, data_offset, _ = self._header(file_name, offset)
+        rel = file_name.removeprefix("@model_path/weights/")
+        mm = self._maps.get(rel)
+        if mm is None:
+            mm = self._maps[rel] = np.memmap(self._path(file_name), dtype=np.uint8, mode="r")
+        if data_offset + size > len(mm):  # type: ignore[arg-type]
+            raise MilError(f"{self._path(file_name)}: blob at offset {offset} runs past the end of the file")
+        return mm[data_offset:data_offset + size]  # type: ignore[index]
+
+    def _path(self, file_name: str) -> Path:
         rel = file_name.removeprefix("@model_path/weights/")
         path = (self.weights_dir / rel).resolve()
         if self.weights_dir.resolve() not in path.parents:
             raise MilError(f"blob file {file_name!r} points outside the package")
+        return path
+
+    def _header(self, file_name: str, offset: int):
+        rel = file_name.removeprefix("@model_path/weights/")
+        path = self._path(file_name)
         f = self._files.get(rel)
         if f is None:
             try:

@@ -33,6 +33,8 @@ class EquivalenceSummary:
     fp16_max_abs_diff: float | None
     fp32_max_abs_diff: float | None
     greedy_agree_steps: int | None  # the fewer of fp16's and fp32's agreeing steps
+    checked: str = "torch"  # what ran: "torch", or "MIL interpreter, folded vs original"
+    weights: str = ""  # which weights, when they are not the packages' own (compressed builds)
 
 
 def _comparable_spec(a: Analysis) -> tuple[Any, ...] | None:
@@ -44,7 +46,11 @@ def _comparable_spec(a: Analysis) -> tuple[Any, ...] | None:
 
 def equivalence_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
     """The equivalence of A's and B's variants, when both are builds of the same source, KV mode, ctx and
-    compression (each build records every variant pair); None otherwise."""
+    compression (each build records every variant pair), or a build and its fold (the interpreter's proof);
+    None otherwise."""
+    folded = _fold_summary(a, b)
+    if folded is not None:
+        return folded
     spec_a, spec_b = _comparable_spec(a), _comparable_spec(b)
     if spec_a is None or spec_a != spec_b or a.build is None or b.build is None:
         return None
@@ -56,23 +62,69 @@ def equivalence_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
     if not pairs:
         return None
     fp16, fp32 = pairs.get("fp16"), pairs.get("fp32")
+    compressed = a.build.spec.compression
     return EquivalenceSummary(
         variant_a=va,
         variant_b=vb,
         steps=report.steps,
-        fp16_bit_identical=None if fp16 is None else fp16.bit_identical,
+        # the torch pair ran on uncompressed weights: its bit-identity is not the compressed packages'
+        fp16_bit_identical=None if fp16 is None or compressed else fp16.bit_identical,
         fp16_max_abs_diff=None if fp16 is None else fp16.max_abs_diff,
         fp32_max_abs_diff=None if fp32 is None else fp32.max_abs_diff,
         greedy_agree_steps=min(p.greedy_agree_steps for p in pairs.values()),
+        weights=f"uncompressed torch weights, not the packages' {compressed} ones" if compressed else "",
     )
 
 
+def _fold_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
+    """A build and its fold (``repeat_kv+fold``, analyzer.build.fold): the MIL interpreter's proof."""
+    for orig, folded in ((a, b), (b, a)):
+        if orig.build is None or folded.build is None or folded.build.extra.get("folded_from") != orig.build.key:
+            continue
+        check = folded.build.check("folded_vs_original")
+        if check is None or not check.checked:
+            return None
+        return EquivalenceSummary(
+            variant_a=a.build.spec.variant, variant_b=b.build.spec.variant, steps=check.steps,  # type: ignore[union-attr]
+            fp16_bit_identical=check.bit_identical, fp16_max_abs_diff=check.max_abs_diff,
+            fp32_max_abs_diff=None, greedy_agree_steps=None, checked="MIL interpreter, folded vs original")
+    return None
+
+
+def package_fold_summary(package_a, package_b) -> EquivalenceSummary | None:
+    """A package and its cached fold (``analyzer.build.fold.fold_cached``, e.g. the Builds page's "Fold it"):
+    the MIL interpreter's proof from the fold's record; None for any other pair of packages."""
+    from pathlib import Path
+
+    from analyzer.build.fold import fold_record_of
+
+    for orig, folded in ((package_a, package_b), (package_b, package_a)):
+        record = fold_record_of(folded)
+        if record is None or orig is None or record.get("source_path") != str(Path(orig).resolve()):
+            continue
+        proof = record["proof"]
+        if not proof.get("checked"):
+            return None
+        names = ("original", "folded") if orig == package_a else ("folded", "original")
+        return EquivalenceSummary(
+            variant_a=names[0], variant_b=names[1], steps=int(proof["steps"]),
+            fp16_bit_identical=bool(proof["bit_identical"]), fp16_max_abs_diff=max(proof["max_abs_diff"].values()),
+            fp32_max_abs_diff=None, greedy_agree_steps=None, checked="MIL interpreter, folded vs original")
+    return None
+
+
 def equivalence_text(eq: EquivalenceSummary | None) -> str:
+    """One line for the A/B page and the report: what was checked, on which weights, and the result."""
     if eq is None:
         return "not available for this pair (equivalence is checked between variants of one source)"
     fp16 = "bit-identical" if eq.fp16_bit_identical else f"max |Δ| {eq.fp16_max_abs_diff:.3g}"
-    return (f"torch, {eq.steps} decode steps: fp16 {fp16}; fp32 max |Δ logits| {eq.fp32_max_abs_diff:.3g}; "
-            f"greedy agreement {eq.greedy_agree_steps}/{eq.steps}")
+    parts = [f"fp16 {fp16}"]
+    if eq.fp32_max_abs_diff is not None:
+        parts.append(f"fp32 max |Δ logits| {eq.fp32_max_abs_diff:.3g}")
+    if eq.greedy_agree_steps is not None:
+        parts.append(f"greedy agreement {eq.greedy_agree_steps}/{eq.steps}")
+    weights = f" ({eq.weights})" if eq.weights else ""
+    return f"{eq.variant_a} vs {eq.variant_b}, {eq.checked}{weights}, {eq.steps} decode steps: " + "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
