@@ -5,8 +5,8 @@ load included.
 usage: PYTHONPATH=. python bench/interpret_full_size.py [--builds-dir DIR | --package PKG] [--variant V] [--steps N]
 The build is reused when it exists (else converted once: ~15 GB, minutes; run under
 ``flock /tmp/qfold-fullsize.lock``). Writes bench/results/interpret_full_size.json (or --out): import, load and
-per-step wall and CPU seconds, peak RSS, the machine's CPU count, RAM and load average (other processes share these cores, so
-wall time depends on them; CPU seconds much less).
+per-step wall and CPU seconds, peak RSS, the machine's CPU count, RAM and load average (other processes share
+these cores, so wall time depends on them; CPU seconds much less).
 """
 
 from __future__ import annotations
