@@ -2,51 +2,61 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from analyzer.build.equivalence import CHECK_KINDS, EquivalenceCheck, torch_check
-from analyzer.report import report
-from tests.test_figures import make_doc
-from tests.test_report import with_spec
+from analyzer.build.equivalence import torch_check
+from analyzer.graph.buildinfo import CHECK_KINDS, EquivalenceCheck
+from analyzer.graph.jsonfields import Field
+from analyzer.report import headline
+from tests.synthetic import build_info, decode_analysis
 
 
-def compressed(doc: dict, spec: str = "ffn=pal4") -> dict:
-    doc["spec"] = {**doc["spec"], "compression": spec}
-    return doc
+def compressed(a, spec: str = "ffn=pal4"):
+    return replace(a, build=replace(a.build, spec=replace(a.build.spec, compression=spec)))
 
 
 def test_compressed_pair_does_not_borrow_the_torch_bit_identity():
-    a = compressed(with_spec(make_doc(tiles=4), "repeat_kv"))
-    b = compressed(with_spec(make_doc(tiles=0), "qfold"))
-    eq = report.equivalence_summary(a, b)
+    a, b = compressed(decode_analysis("repeat_kv")), compressed(decode_analysis("qfold"))
+    eq = headline.equivalence_summary(a, b)
     assert eq is not None and eq.fp16_bit_identical is None  # the torch pair ran on uncompressed weights
-    text = report.equivalence_text(eq)
+    text = headline.equivalence_text(eq)
     assert "bit-identical" not in text and "uncompressed torch weights" in text and "ffn=pal4" in text
-    plain = report.equivalence_summary(with_spec(make_doc(tiles=4), "repeat_kv"),
-                                       with_spec(make_doc(tiles=0), "qfold"))
-    assert plain.fp16_bit_identical and "bit-identical" in report.equivalence_text(plain)
+    plain = headline.equivalence_summary(decode_analysis("repeat_kv"), decode_analysis("qfold"))
+    assert plain.fp16_bit_identical and "bit-identical" in headline.equivalence_text(plain)
 
 
 def test_torch_check_names_its_weights():
-    doc = with_spec(make_doc(tiles=4), "repeat_kv")
-    check = torch_check(doc["equivalence"], doc["spec"])
-    assert check["kind"] == "torch_variants" and check["label"] == CHECK_KINDS["torch_variants"]
-    assert check["bit_identical"] and check["covers_package_weights"] and "uncompressed" in check["weights"]
-    squeezed = torch_check(doc["equivalence"], compressed(doc)["spec"])
-    assert not squeezed["covers_package_weights"] and "ffn=pal4" in squeezed["note"]
+    info = build_info("repeat_kv", 2)
+    check = torch_check(info.equivalence, info.spec)
+    assert check.kind == "torch_variants" and check.label == CHECK_KINDS["torch_variants"]
+    assert check.bit_identical and check.covers_package_weights and "uncompressed" in check.weights
+    squeezed = torch_check(info.equivalence, replace(info.spec, compression="ffn=pal4"))
+    assert not squeezed.covers_package_weights and "ffn=pal4" in squeezed.note
+
+
+def test_checks_survive_the_analysis_file():
+    check = EquivalenceCheck("interpreter_vs_torch", "package vs torch", "fp16", 4, True, max_abs_diff=0.004,
+                             max_abs_value=3.1, bit_identical=False, greedy_agree_steps=4)
+    info = replace(build_info("qfold", 2), checks=(check,))
+    doc = info.to_json()
+    assert doc["equivalence"]["checks"][0]["label"] == "MIL interpreter vs torch"
+    again = type(info).from_json(Field(doc, "<doc>"), ())
+    assert again.checks == (check,) and again.check("interpreter_vs_torch") == check
 
 
 def test_fold_pair_shows_the_interpreter_proof():
-    original = with_spec(make_doc(tiles=4), "repeat_kv")
-    original["key"] = "m-repeat_kv-state-ctx4096-abc"
-    folded = with_spec(make_doc(tiles=0), "repeat_kv+fold")
-    folded["folded_from"] = original["key"]
-    folded["equivalence"] = {**folded["equivalence"], "checks": [EquivalenceCheck(
-        "folded_vs_original", "folded vs original", "stored", 4, True, max_abs_diff=0.0, max_abs_value=3.0,
-        bit_identical=True).to_json()]}
-    eq = report.equivalence_summary(original, folded)
+    original = decode_analysis("repeat_kv")
+    proof = EquivalenceCheck("folded_vs_original", "folded vs original", "stored", 4, True, max_abs_diff=0.0,
+                             max_abs_value=3.0, bit_identical=True)
+    folded = decode_analysis("qfold")
+    folded = replace(folded, build=replace(folded.build, key="synthetic-fold", checks=(proof,),
+                                           spec=replace(folded.build.spec, variant="repeat_kv+fold"),
+                                           extra={"folded_from": original.build.key}))
+    eq = headline.equivalence_summary(original, folded)
     assert eq is not None and eq.checked == "MIL interpreter, folded vs original" and eq.fp16_bit_identical
-    assert report.equivalence_summary(folded, original).variant_a == "repeat_kv+fold"
+    assert headline.equivalence_summary(folded, original).variant_a == "repeat_kv+fold"
 
 
 def test_unknown_check_kind_is_refused():
