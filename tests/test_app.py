@@ -154,12 +154,16 @@ def test_builds_page_lists_the_cached_builds(tiny_builds):
     assert any("Nothing queued" in c or "queue" in c.lower() for c in texts(at.caption))
 
 
-def test_builds_page_rejects_a_bad_folder(tiny_builds):
+def test_builds_page_rejects_a_bad_folder(tiny_builds, tmp_path, monkeypatch):
+    monkeypatch.setenv("QFOLD_DATA_ROOTS", str(tmp_path))
     at = open_page("app_pages/builds.py")
     at.radio(key="builds_source_kind").set_value("Local model folder").run()
-    at.text_input(key="builds_folder").input("/nonexistent/model").run()
+    at.text_input(key="builds_folder").input(str(tmp_path / "no-such-model")).run()
     assert not at.exception
     assert any("not a preset" in e for e in texts(at.error)), texts(at.error)
+    # outside the data roots: refused without saying whether the folder exists
+    at.text_input(key="builds_folder").input("/etc").run()
+    assert any("outside the folders this server may read" in e for e in texts(at.error)), texts(at.error)
 
 
 def test_device_logs_default_to_the_writeup_example(tiny_builds):

@@ -108,18 +108,19 @@ def folded_build(tiny_builds, builds_root):
 
 @pytest.mark.conversion
 def test_repeat_kv_fold_build_sits_beside_its_original(folded_build, tiny_builds):
-    doc = load_analysis(folded_build)
-    assert doc["spec"]["variant"] == FOLD_VARIANT and doc["folded_from"] == tiny_builds["repeat_kv"].name
-    assert doc["summary"]["tile_count"] == 0
-    assert doc["bytes"]["bytes_per_token"] == load_analysis(tiny_builds["qfold"])["bytes"]["bytes_per_token"]
-    checks = {c["kind"]: c for c in doc["equivalence"]["checks"]}
+    folded = load_analysis(folded_build)
+    assert folded.build.spec.variant == FOLD_VARIANT
+    assert folded.build.extra["folded_from"] == tiny_builds["repeat_kv"].name
+    assert folded.summary.tile_count == 0
+    assert folded.bytes_per_token == load_analysis(tiny_builds["qfold"]).bytes_per_token
+    checks = {c.kind: c for c in folded.build.checks}
     assert {"torch_variants", "interpreter_vs_torch", "folded_vs_original"} <= set(checks)
-    assert checks["folded_vs_original"]["checked"] and checks["folded_vs_original"]["bit_identical"]
-    assert checks["interpreter_vs_torch"]["checked"]  # the original build's package against torch
+    assert checks["folded_vs_original"].checked and checks["folded_vs_original"].bit_identical
+    assert checks["interpreter_vs_torch"].checked  # the original build's package against torch
     # the A/B of the original and its fold shows the interpreter's proof, not the torch pair
-    from analyzer.report.report import equivalence_summary, equivalence_text
+    from analyzer.report.headline import equivalence_summary, equivalence_text
 
-    eq = equivalence_summary(load_analysis(tiny_builds["repeat_kv"]), doc)
+    eq = equivalence_summary(load_analysis(tiny_builds["repeat_kv"]), folded)
     assert eq is not None and eq.checked.startswith("MIL interpreter") and eq.fp16_bit_identical
     assert "folded vs original" in equivalence_text(eq)
 
