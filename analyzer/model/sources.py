@@ -195,7 +195,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: tuple[str, ...], origin: st
     return out
 
 
-def _safe_label(text: str) -> str:
+def safe_label(text: str) -> str:
     """A build-folder-safe name: ASCII letters, digits, ``.``, ``_``, ``-``; never starting with ``.`` (the
     builds folder keeps its own state in dot-folders) or ``-``."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-").rstrip("-")[:40] or "model"
@@ -224,11 +224,11 @@ def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed
                     "qfold loads safetensors only (convert them with `safetensors` first)"
                 )
             weights = tuple(WeightFile(p.name, p.stat().st_size, _sha256_file(p)) for p in files)
-            kind, ref, label = "folder", str(path.resolve()), _safe_label(path.resolve().name)
+            kind, ref, label = "folder", str(path.resolve()), safe_label(path.resolve().name)
         elif path.is_file():
             raw = _read_config_file(path)
             kind, ref = "config", str(path.resolve())
-            label = _safe_label(path.resolve().parent.name if path.name == "config.json" else path.stem)
+            label = safe_label(path.resolve().parent.name if path.name == "config.json" else path.stem)
         else:
             raise SourceError(
                 f"--model {model!r}: not a preset ({', '.join(names)}), nor an existing config.json or model folder"
