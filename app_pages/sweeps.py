@@ -68,7 +68,7 @@ if source == "define":
                     + (f" · {messages[-1]}" if messages and not finished else ""))
         if error:
             st.error(error)
-        st.dataframe(sf.progress_frame(rows), hide_index=True, key="sweeps_live")
+        shared.show_table(sf.progress_frame(rows), key="sweeps_live")
         if finished and not st.session_state.get(f"sweeps_done_{job.id}"):
             st.session_state[f"sweeps_done_{job.id}"] = True
             st.rerun()
@@ -107,10 +107,10 @@ if table["bytes_weights"].notna().any():
                "tile bytes are exact, their weight bytes (and so absolute tok/s) are not the full model's.")
 
 st.subheader("The numbers behind the charts")
-st.dataframe(table, hide_index=True, key="sweeps_table_view")
+shared.show_table(table, key="sweeps_table_view")
 st.download_button("Download the sweep points (CSV)", shared.frame_csv(table), "sweep_points.csv", "text/csv",
                    key="sweeps_dl_points")
 if len(measured):
-    st.dataframe(measured, hide_index=True, key="sweeps_measured_view")
+    shared.show_table(measured, key="sweeps_measured_view")
     st.download_button("Download the measured points (CSV)", shared.frame_csv(measured), "sweep_measured.csv",
                        "text/csv", key="sweeps_dl_measured")
