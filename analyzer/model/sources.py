@@ -14,6 +14,7 @@ import difflib
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -143,17 +144,25 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     return raw
 
 
-def config_class(model_type: Any):
-    from transformers import CONFIG_MAPPING
+# transformers' lazy modules are not safe to import from two threads at once: the dashboard serves each browser
+# session from its own thread, and two sessions resolving a source at the same moment got "ImportError: cannot
+# import name 'CONFIG_MAPPING' from 'transformers'". The first import (and each family's lazily imported config
+# module) happens under this lock.
+_TRANSFORMERS_IMPORT = threading.Lock()
 
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise SourceError(
-            f"model_type={model_type!r} is not an architecture this transformers version implements{hint}; "
-            "qfold never runs remote code"
-        )
-    return CONFIG_MAPPING[model_type]
+
+def config_class(model_type: Any):
+    with _TRANSFORMERS_IMPORT:
+        from transformers import CONFIG_MAPPING
+
+        if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+            close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise SourceError(
+                f"model_type={model_type!r} is not an architecture this transformers version implements{hint}; "
+                "qfold never runs remote code"
+            )
+        return CONFIG_MAPPING[model_type]
 
 
 def _fit_layer_types(raw: dict[str, Any]) -> None:
