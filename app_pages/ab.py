@@ -137,8 +137,7 @@ where = None if measured is None else (
     f"{measured.device}: {measured.build_a} ({measured.runs_a} run(s)) and {measured.build_b} ({measured.runs_b} "
     "run(s)), means; see the Bandwidth model page for the cross-check.")
 cards = headline_cards(h, None if measured is None else (measured.tok_per_s_a, measured.tok_per_s_b, where), caveat)
-CARD_CHAR_PX, CARD_PADDING_PX, CARD_MIN_PX = 14, 50, 220  # st.metric's 2.25rem value font: ~15 px a character
-card_px = max(CARD_MIN_PX, CARD_CHAR_PX * max(len(c.value) for c in cards) + CARD_PADDING_PX)
+card_px = shared.metric_width_px([c.value for c in cards])
 with st.container(horizontal=True, gap="xsmall", key="ab_headline"):
     for card in cards:
         st.metric(card.label, card.value, delta=card.delta, delta_color=card.delta_color, help=card.help or None,
@@ -148,18 +147,19 @@ st.caption(f"Predicted tok/s use **{bw.label}**: {bw.source}." + (f" **{caveat}*
 for note in h.assumptions:
     st.caption(f"Assumed — {note}")
 
-by_cat, about = st.columns([3, 2])
-with by_cat:
-    cats = figures.category_frame(diff)
-    st.markdown("**Bytes per decode token by category**")
-    shared.show_table(shared.category_display(cats))
+# Full-width blocks (the table, then the two settings and the equivalence side by side): nothing is squeezed at 900 px.
+cats = figures.category_frame(diff)
+st.markdown("**Bytes per decode token by category**")
+shared.show_table(shared.category_display(cats))
+settings, about = st.columns(2)
+with settings:
+    shared.bandwidth_control("ab")
     shared.persisted_radio(
         "Compressed weights per token", WEIGHT_CHARGES, shared.WEIGHT_CHARGE_KEY, DEFAULT_WEIGHT_CHARGE,
         horizontal=True, format_func=shared.CHARGE_NAMES.get,
         help=f"compressed: {WEIGHT_CHARGE_TEXT['compressed']}; decompressed: {WEIGHT_CHARGE_TEXT['decompressed']}. "
              "Which one a device does is not in the graph; fp16 analyses are the same either way.")
 with about:
-    shared.bandwidth_control("ab")
     eq = h.equivalence
     if eq is None:
         st.info("Equivalence: not available for this pair (it is checked in torch between the variants of one "
@@ -170,7 +170,7 @@ with about:
         st.success(f"**Equivalence** ({eq.variant_a} vs {eq.variant_b}, torch, {eq.steps} decode steps): {fp16}; "
                    f"fp32 max |Δ logits| {eq.fp32_max_abs_diff:.2g}; greedy tokens agree "
                    f"{eq.greedy_agree_steps}/{eq.steps}.", icon=":material/check_circle:")
-    st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
+st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
 
 # ---------------------------------------------------------------------------------------------- side by side
 t_bytes, t_ops, t_tiles, t_layers, t_drill, t_graph = st.tabs(
@@ -178,9 +178,8 @@ t_bytes, t_ops, t_tiles, t_layers, t_drill, t_graph = st.tabs(
     key="ab_tab", on_change="rerun")  # stateful, so the Graph tab runs only when it is open
 
 with t_bytes:
-    chart, numbers = st.columns([5, 4])
-    chart.plotly_chart(figures.waterfall_figure(cats, label_a, label_b), key="ab_waterfall")
-    with numbers:
+    st.plotly_chart(figures.waterfall_figure(cats, label_a, label_b), key="ab_waterfall")
+    with st.container():
         st.markdown("**Bytes per decode token** — select a row to see the ops behind it")
         shown = cats.drop(columns=["in_total"])
         picked = shared.show_table(shown, key="ab_cat_table", on_select="rerun", selection_mode="single-row",
@@ -209,9 +208,8 @@ with t_bytes:
 with t_ops:
     changed_only = st.toggle("Only op types whose count changed", value=False, key="ab_ops_changed")
     ops = figures.op_count_frame(diff, changed_only=changed_only)
-    chart, numbers = st.columns([3, 2])
-    chart.plotly_chart(figures.op_count_figure(ops, label_a, label_b), key="ab_ops_chart")
-    with numbers:
+    st.plotly_chart(figures.op_count_figure(ops, label_a, label_b), key="ab_ops_chart")
+    with st.container():
         st.markdown(f"**Ops: {h.total_ops_a:,} → {h.total_ops_b:,} with const, "
                     f"{h.non_const_ops_a:,} → {h.non_const_ops_b:,} without**")
         shared.table_with_download(ops, "ab_ops_csv", "op_counts.csv", max_height=380)

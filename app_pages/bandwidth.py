@@ -38,11 +38,9 @@ source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)
 st.info(f"Using {source}; build labels mapped to: {'; '.join(mapped_to) or 'nothing yet'}. Change the logs or the "
         "mapping on the Device logs page.", icon=":material/science:")
 
-c1, c2 = st.columns([5, 2], vertical_alignment="bottom")
-with c1:
-    shared.bandwidth_control("bw")  # the same setting as the A/B page's and the report's
+shared.bandwidth_control("bw")  # the same setting as the A/B page's and the report's
 bw = shared.resolved_bandwidth(refs)
-overhead = c2.toggle("Fit a fixed per-token time too", key="bw_overhead",
+overhead = st.toggle("Fit a fixed per-token time too", key="bw_overhead",
                      help="t = bytes / BW + t0; needs ≥ 3 builds with distinct bytes on a device to be testable.")
 if bw.fixed_bytes_per_s is None:
     st.caption("Fitted per device: least squares over each device's mapped builds (≥ 2 with distinct bytes); a "
@@ -63,18 +61,20 @@ for p in report.pairs:
     st.subheader(f"A/B cross-check on {p.device}")
     st.markdown(f"A = `{p.build_a}` ({p.tok_per_s_a:.2f} tok/s), B = `{p.build_b}` ({p.tok_per_s_b:.2f} tok/s); "
                 f"BW {fmt.bandwidth(p.bw_bytes_per_s)}")
-    k1, k2, k3, k4 = st.columns(4, border=True)
-    k1.metric("A inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_a),
-              help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_a:.2f} tok/s")
-    k2.metric("B inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_b),
-              help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_b:.2f} tok/s")
-    k3.metric("inferred difference, MB/token", mb_per_token(p.inferred_diff_bytes),
-              help="BW × (1/tok_A − 1/tok_B); a per-token overhead cancels out")
-    if p.graph_diff_bytes is not None:
-        k4.metric("graph difference, MB/token", mb_per_token(p.graph_diff_bytes),
-                  delta=None if p.gap_pct is None else f"inferred is {p.gap_pct:+.1f}%", delta_color="off",
-                  delta_arrow="off",
-                  help=f"= {fmt.mib(p.graph_diff_bytes, 0)}")
+    with st.container(horizontal=True, gap="xsmall"):  # cards wrap rather than cut numbers on narrow screens
+        values = [mb_per_token(n) for n in (p.inferred_bytes_per_token_a, p.inferred_bytes_per_token_b,
+                                            p.inferred_diff_bytes, p.graph_diff_bytes)]
+        card = {"border": True, "width": shared.metric_width_px(values, minimum=250)}
+        st.metric("A inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_a), **card,
+                  help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_a:.2f} tok/s")
+        st.metric("B inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_b), **card,
+                  help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_b:.2f} tok/s")
+        st.metric("inferred difference, MB/token", mb_per_token(p.inferred_diff_bytes), **card,
+                  help="BW × (1/tok_A − 1/tok_B); a per-token overhead cancels out")
+        if p.graph_diff_bytes is not None:
+            st.metric("graph difference, MB/token", mb_per_token(p.graph_diff_bytes), **card,
+                      delta=None if p.gap_pct is None else f"inferred is {p.gap_pct:+.1f}%", delta_color="off",
+                      delta_arrow="off", help=f"= {fmt.size(p.graph_diff_bytes, 'auto', None)}")
     st.markdown(f"Measured speedup {p.tok_per_s_a:.2f} → {p.tok_per_s_b:.2f} tok/s = **{p.speedup:.2f}×**. "
                 f"At {fmt.bandwidth(p.bw_bytes_per_s)} the measurements imply the heavier build moves "
                 f"**{fmt.mb(p.inferred_diff_bytes, 0)}** more per token; the graphs say "
@@ -101,11 +101,8 @@ if bw.fixed_bytes_per_s is None:  # fitted: each device says which bandwidth its
     for what, devices in uses.items():
         st.caption(f"Predictions for {', '.join(devices)} use {what}.")
 
-left, right = st.columns(2)
-with left:
-    st.plotly_chart(figures.inferred_vs_graph_figure(frame), key="bw_inferred_chart")
-with right:
-    st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
+st.plotly_chart(figures.inferred_vs_graph_figure(frame), key="bw_inferred_chart")
+st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
 
 # ---------------------------------------------------------------------------------------------- fits
 st.subheader("Fits per device")

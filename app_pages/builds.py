@@ -345,7 +345,8 @@ if submitted and typed_package.strip():
     else:
         packages = st.session_state.setdefault("builds_packages", [])
         if str(package_list[0].path) not in packages:
-            packages.append(str(package_list[0].path))  # and so in the URL: a reload keeps it
+            packages.append(str(package_list[0].path))
+            shared.url_save()  # in the URL at once: a reload or a shared link keeps it
         for ref, a in analyses:
             s = a.summary
             what = f"{ref.path.name}" + (f", function {ref.function}" if ref.function else "")

@@ -53,7 +53,7 @@ if source == "define":
             st.session_state["sweeps_job"] = SweepJob(spec, shared.builds_root(),
                                                       ray_options=RayOptions(num_cpus=None)).start()
         except QfoldError as e:
-            st.error(str(e))
+            shared.error(e)
 
     job: SweepJob | None = st.session_state.get("sweeps_job")
     if job is None:
@@ -67,7 +67,7 @@ if source == "define":
         st.progress(done / max(len(rows), 1), text=f"{done} of {len(rows)} points"
                     + (f" · {messages[-1]}" if messages and not finished else ""))
         if error:
-            st.error(error)
+            shared.error(error)
         shared.show_table(sf.progress_frame(rows), key="sweeps_live")
         if finished and not st.session_state.get(f"sweeps_done_{job.id}"):
             st.session_state[f"sweeps_done_{job.id}"] = True
@@ -86,7 +86,7 @@ else:
     try:
         table = sf.sweep_frame(read_table(f"table{suffix}", upload.getvalue()))
     except SweepError as e:
-        st.error(str(e))
+        shared.error(e)
         st.stop()
 
 if table is None or table.empty:

@@ -30,7 +30,7 @@ def size_mode(overrides: tuple[str, ...] | list[str]) -> str:
     structure = all(o in overrides for o in STRUCTURE_OVERRIDES)
     rest = [o for o in overrides if not o.startswith("num_hidden_layers=") and
             not (structure and o in STRUCTURE_OVERRIDES)]
-    parts = [f"{layers} layers"] if layers is not None else []
+    parts = [f"{layers} layer{'' if layers == '1' else 's'}"] if layers is not None else []
     if structure:
         parts.append("structure")
     if rest:

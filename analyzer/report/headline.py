@@ -186,9 +186,9 @@ def _change_card(key: str, label: str, value: str, change: float, delta: str, *,
 
 def _ratio_card(key: str, label: str, value: str, ratio: float, what: str, help: str) -> HeadlineCard:
     if round(ratio, 2) == 1.0:
-        return HeadlineCard(key, label, value, f"×{ratio:.2f}, {NO_CHANGE}", "off", help, "off")
+        return HeadlineCard(key, label, value, f"×{ratio:,.2f}, {NO_CHANGE}", "off", help, "off")
     faster = ratio > 1  # the text has no sign: the colour and the arrow say which way it went
-    return HeadlineCard(key, label, value, f"×{ratio:.2f} {what}", "normal" if faster else "inverse", help,
+    return HeadlineCard(key, label, value, f"×{ratio:,.2f} {what}", "normal" if faster else "inverse", help,
                         "up" if faster else "down")
 
 
