@@ -33,7 +33,11 @@ for problem in shared.url_errors():
 def rebuild_for_real(selected: tuple[AnalysisRef, AnalysisRef] | None) -> None:
     """Queue the full-size builds of the A and B on screen (structure or few-layer builds grown to the model's
     real size; a shipped analysis rebuilt as it was made)."""
-    with st.popover("Rebuild for real", icon=":material/construction:"):
+    popover = st.popover("Rebuild for real", icon=":material/construction:", key="ab_rebuild_popover",
+                         on_change="rerun")
+    with popover:
+        if not popover.open:  # resolving sources (a folder's safetensors are hashed) only when asked
+            return
         specs, problems = [], []
         for side, ref in zip("AB", selected or (), strict=False):
             analysis = shared.load(ref) if ref.kind != "package" else None

@@ -555,9 +555,15 @@ def url_restore() -> None:
         elif str(path) not in packages:
             packages.append(str(path))
     st.session_state["builds_packages"] = packages
+    known = {r.id for r in analysis_refs()}
     for param, key in (("a", "ab_a"), ("b", "ab_b")):
-        if qp.get(param):
+        if not qp.get(param):
+            continue
+        if qp[param] in known:
             st.session_state[key] = qp[param]
+        else:
+            errors.append(f"its {param.upper()} ({qp[param]}) is not among the analyses on this server (a build made "
+                          "elsewhere, or removed); the default is shown instead")
     if qp.get("bw"):
         try:
             st.session_state[BW_KEY] = BandwidthSetting.from_text(qp["bw"], device_profiles())

@@ -143,7 +143,7 @@ def test_rebuild_for_real_queues_the_selected_pair_at_full_size(tiny_builds, mon
 
     monkeypatch.setattr(jobs, "run_build", fake_run_build)
     a, b = (f"build:{tiny_builds[v].name}" for v in ("repeat_kv", "qfold"))
-    at = open_page(ab_a=a, ab_b=b)  # the tiny structure pair, not the default
+    at = open_page(ab_a=a, ab_b=b, ab_rebuild_popover=True)  # the tiny structure pair, not the default
     at.button(key="ab_rebuild").click().run()
     assert not at.exception
     (job,) = at.session_state["builds_jobs"]

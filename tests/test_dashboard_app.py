@@ -145,3 +145,16 @@ def test_tables_never_show_minus_zero(tiny_builds, page):
     for frame in (d.value for d in at.dataframe):
         text = json.dumps(frame.astype(str).to_dict("records")) if hasattr(frame, "astype") else ""
         assert "-0.0\"" not in text
+
+
+def test_a_link_to_an_analysis_this_server_lacks_says_so(tiny_builds):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at.query_params.update({"a": "build:made-elsewhere-0123456789", "bw": "typed:nonsense"})
+    at.run()
+    warnings = texts(at.warning)
+    assert any("its A (build:made-elsewhere-0123456789) is not among the analyses on this server" in w
+               for w in warnings), warnings
+    assert any("bandwidth 'nonsense' MB/s" in w for w in warnings)
+    assert at.selectbox(key="ab_a__widget").value != "build:made-elsewhere-0123456789"  # the default instead
