@@ -6,9 +6,8 @@ from __future__ import annotations
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT, WRITEUP_AB_IPHONE
+from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT
 from analyzer.errors import QfoldError
-from analyzer.fmt import MB
 from analyzer.report import bandwidth_figures as figures
 from analyzer.report.assumptions import assumption_notes
 from app_pages import shared
@@ -30,7 +29,7 @@ mapping = shared.log_mapping(labels, refs)
 try:
     analyses = shared.mapped_analyses(mapping, refs)
 except QfoldError as e:
-    st.error(f"Cannot load a mapped analysis: {e}")
+    shared.error(e, "Cannot load a mapped analysis: ")
     st.stop()
 graph = {label: a.bytes_per_token.total for label, a in analyses.items()}
 mapped_to = sorted({by_id[i].label for i in mapping.values() if i in by_id})
@@ -39,18 +38,16 @@ source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)
 st.info(f"Using {source}; build labels mapped to: {'; '.join(mapped_to) or 'nothing yet'}. Change the logs or the "
         "mapping on the Device logs page.", icon=":material/science:")
 
-c1, c2, c3 = st.columns([2, 3, 2], vertical_alignment="bottom")
-mode = c1.radio("Bandwidth for predictions", ["fixed", "fitted"], horizontal=True, key="bw_mode",
-                format_func=lambda m: {"fixed": "the slider's", "fitted": "fitted per device"}[m],
-                help="Fitted: least squares per device over its mapped builds (≥ 2 with distinct bytes); devices "
-                     "without a usable fit fall back to the write-up's 55,900 MB/s.")
-with c2:
-    bw_mb_s = shared.persisted_slider("BW (MB/s)", "bw_bw_mb_s", shared.DEFAULT_BW_MB_S, min_value=5_000.0,
-                                      max_value=200_000.0, step=100.0, format="%.0f", help=WRITEUP_AB_IPHONE.source)
-overhead = c3.toggle("Fit a fixed per-token time too", key="bw_overhead",
+shared.bandwidth_control("bw")  # the same setting as the A/B page's and the report's
+bw = shared.resolved_bandwidth(refs)
+overhead = st.toggle("Fit a fixed per-token time too", key="bw_overhead",
                      help="t = bytes / BW + t0; needs ≥ 3 builds with distinct bytes on a device to be testable.")
-result = shared.bandwidth_analysis(
-    imported, graph, fixed_bw_bytes_per_s=bw_mb_s * MB if mode == "fixed" else None, overhead=overhead)
+if bw.fixed_bytes_per_s is None:
+    st.caption("Fitted per device: least squares over each device's mapped builds (≥ 2 with distinct bytes); a "
+               f"device without a usable fit uses {bw.label} ({bw.source}).")
+else:
+    st.caption(f"Predictions use **{bw.label}**: {bw.source}.", help=bw.citation or None)
+result = shared.bandwidth_analysis(imported, graph, fixed_bw_bytes_per_s=bw.fixed_bytes_per_s, overhead=overhead)
 fits, assumptions, report = result.fits, result.bandwidth, result.crosscheck
 frame = figures.bandwidth_frame(report)
 pairs = figures.pairs_frame(report)
@@ -64,17 +61,20 @@ for p in report.pairs:
     st.subheader(f"A/B cross-check on {p.device}")
     st.markdown(f"A = `{p.build_a}` ({p.tok_per_s_a:.2f} tok/s), B = `{p.build_b}` ({p.tok_per_s_b:.2f} tok/s); "
                 f"BW {fmt.bandwidth(p.bw_bytes_per_s)}")
-    k1, k2, k3, k4 = st.columns(4, border=True)
-    k1.metric("A inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_a),
-              help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_a:.2f} tok/s")
-    k2.metric("B inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_b),
-              help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_b:.2f} tok/s")
-    k3.metric("inferred difference, MB/token", mb_per_token(p.inferred_diff_bytes),
-              help="BW × (1/tok_A − 1/tok_B); a per-token overhead cancels out")
-    if p.graph_diff_bytes is not None:
-        k4.metric("graph difference, MB/token", mb_per_token(p.graph_diff_bytes),
-                  delta=None if p.gap_pct is None else f"inferred is {p.gap_pct:+.1f}%", delta_color="off",
-                  help=f"= {fmt.mib(p.graph_diff_bytes, 0)}")
+    with st.container(horizontal=True, gap="xsmall"):  # cards wrap rather than cut numbers on narrow screens
+        values = [mb_per_token(n) for n in (p.inferred_bytes_per_token_a, p.inferred_bytes_per_token_b,
+                                            p.inferred_diff_bytes, p.graph_diff_bytes)]
+        card = {"border": True, "width": shared.metric_width_px(values, minimum=250)}
+        st.metric("A inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_a), **card,
+                  help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_a:.2f} tok/s")
+        st.metric("B inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_b), **card,
+                  help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_b:.2f} tok/s")
+        st.metric("inferred difference, MB/token", mb_per_token(p.inferred_diff_bytes), **card,
+                  help="BW × (1/tok_A − 1/tok_B); a per-token overhead cancels out")
+        if p.graph_diff_bytes is not None:
+            st.metric("graph difference, MB/token", mb_per_token(p.graph_diff_bytes), **card,
+                      delta=None if p.gap_pct is None else f"inferred is {p.gap_pct:+.1f}%", delta_color="off",
+                      delta_arrow="off", help=f"= {fmt.size(p.graph_diff_bytes, 'auto', None)}")
     st.markdown(f"Measured speedup {p.tok_per_s_a:.2f} → {p.tok_per_s_b:.2f} tok/s = **{p.speedup:.2f}×**. "
                 f"At {fmt.bandwidth(p.bw_bytes_per_s)} the measurements imply the heavier build moves "
                 f"**{fmt.mb(p.inferred_diff_bytes, 0)}** more per token; the graphs say "
@@ -86,7 +86,7 @@ for p in report.pairs:
 
 # ---------------------------------------------------------------------------------------------- chart
 st.subheader("Measured vs graph")
-st.plotly_chart(figures.bandwidth_figure(frame, shared.bandwidth_curves(bw_mb_s * MB, fits)), key="bw_chart")
+st.plotly_chart(figures.bandwidth_figure(frame, shared.bandwidth_curves(bw.bytes_per_s, fits)), key="bw_chart")
 st.markdown("The numbers of the charts on this page (filled markers: graph bytes; open markers: the bytes each "
             "measured tok/s implies at its device's bandwidth):")
 shared.table_with_download(frame, "bw_builds_csv", "bandwidth_crosscheck.csv", display=shared.crosscheck_display(frame))
@@ -97,14 +97,12 @@ uses: dict[str, list[str]] = {}
 for device, a in assumptions.items():
     extra = f" + {a.overhead_s * 1e3:.2f} ms/token" if a.overhead_s else ""
     uses.setdefault(f"{fmt.bandwidth(a.bytes_per_s)}{extra} ({a.source})", []).append(device)
-for what, devices in uses.items():
-    st.caption(f"Predictions for {', '.join(devices)} use {what}.")
+if bw.fixed_bytes_per_s is None:  # fitted: each device says which bandwidth its predictions use
+    for what, devices in uses.items():
+        st.caption(f"Predictions for {', '.join(devices)} use {what}.")
 
-left, right = st.columns(2)
-with left:
-    st.plotly_chart(figures.inferred_vs_graph_figure(frame), key="bw_inferred_chart")
-with right:
-    st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
+st.plotly_chart(figures.inferred_vs_graph_figure(frame), key="bw_inferred_chart")
+st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
 
 # ---------------------------------------------------------------------------------------------- fits
 st.subheader("Fits per device")

@@ -91,8 +91,12 @@ files = pd.DataFrame([{"file": f.file_name, "format": f.format or "?", "accepted
                        "derived fields": "; ".join(f.derived), "duplicate of": f.duplicate_of or ""}
                       for f in imported.files])
 if len(files):
-    st.dataframe(files, hide_index=True, width="stretch")
+    shared.show_table(files)
     st.caption("Derived fields are computed, not read: how each one was computed is listed here and per row below.")
+for f in imported.files:
+    if f.duplicate_of:
+        st.info(f"**{f.file_name}** is the same file as **{f.duplicate_of}** (identical content): its runs are counted "
+                "once.", icon=":material/content_copy:")
 for name in imported.rejected_files:
     reasons = "; ".join(i.describe() for i in imported.errors if i.file_name == name)
     st.error(f"**{name}** was rejected as a whole: {reasons}", icon=":material/block:")
@@ -128,12 +132,14 @@ shared.table_with_download(summary, "logs_summary_csv", "build_device_summary.cs
 # ---------------------------------------------------------------------------------------------- mapping
 st.subheader("Map log builds to analyses")
 st.caption("Each build label in the logs gets its graph bytes per token from the analysis chosen here; the Bandwidth "
-           "page uses this mapping. Labels that name a variant (`…-repeat_kv-…`, `…-qfold-…`) start mapped to that "
-           "side of the default A/B pair.")
+           "page and the A/B page's measured tok/s use this mapping. A label maps by itself when it names a model, "
+           "one variant (`repeat_kv`, `qfold`) and optionally a compression (`top8`) and ctx (`ctx4096`) that one "
+           "analysis has (a build key maps to its build); otherwise it stays unmapped and says why.")
 refs = shared.analysis_refs()
 by_id = shared.refs_by_id(refs)
 labels = list(dict.fromkeys(m.build for m in imported.measurements))
 mapping = shared.log_mapping(labels, refs)
+auto = shared.log_label_auto(labels, refs)
 options = ["", *by_id]
 
 
@@ -148,3 +154,11 @@ for label in labels:
     st.selectbox(label, options, index=options.index(current) if current in options else 0, key=widget,
                  on_change=remember, args=(label, widget),
                  format_func=lambda i: by_id[i].label if i else shared.UNMAPPED)
+    match = auto[label]
+    if not current:
+        st.caption(f"Not mapped: {match.reason}. Pick an analysis to use its bytes.")
+    elif current == match.ref_id:
+        st.caption(f"Mapped by its label: {match.reason}.")
+    else:
+        st.caption("Mapped by you" + (f" (by its label it would be: {by_id[match.ref_id].label})"
+                                      if match.ref_id in by_id else f" (by its label: {match.reason})") + ".")

@@ -1,9 +1,11 @@
 """Export: the A/B as a one-file HTML report, one analysis as JSON and CSV tables, and its Core ML package
-(zipped when small; a full-size package is served as a server path and a command instead)."""
+(zipped when clicked if it is small; a full-size package is given as its server path and the command that zips
+it there, never pushed through the browser: Streamlit keeps a download's bytes in server memory)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from functools import partial
 
@@ -11,12 +13,19 @@ import streamlit as st
 
 from analyzer import fmt
 from analyzer.errors import QfoldError
-from analyzer.fmt import MB, to_csv
+from analyzer.fmt import to_csv
 from analyzer.graph.accounting import OP_COLUMNS
 from analyzer.graph.record import Analysis
 from analyzer.report import figures
 from analyzer.report.assumptions import assumption_notes
-from analyzer.report.report import MAX_DOWNLOAD_PACKAGE_BYTES, build_report, package_size_bytes, zip_package
+from analyzer.report.catalog import AnalysisRef
+from analyzer.report.report import (
+    MAX_DOWNLOAD_PACKAGE_BYTES,
+    build_report,
+    package_size_bytes,
+    zip_command,
+    zip_package,
+)
 from app_pages import shared
 
 st.title("Export")
@@ -30,13 +39,24 @@ ref_a, ref_b = pair
 try:
     analysis_a, analysis_b = shared.load(ref_a), shared.load(ref_b)
 except QfoldError as e:
-    st.error(f"Cannot load the analysis: {e}")
+    shared.error(e, "Cannot load the analysis: ")
     st.stop()
 
 
 def ops_csv(analysis: Analysis) -> str:
     """Every op's bytes per token (run when clicked, in Streamlit's download thread: no st calls here)."""
     return to_csv(analysis.account.op_rows(), OP_COLUMNS)
+
+
+def file_stem(ref: AnalysisRef) -> str:
+    """``exaone-4.0-1.2b_qfold_ctx4096_fp16_full-size_shipped``: what the analysis is, as a file name (letters,
+    digits and ``._-`` only; a package's own name when qfold did not build it)."""
+    if ref.facts is None:
+        parts = [ref.path.stem, *([ref.function] if ref.function else [])]
+    else:
+        f = ref.facts
+        parts = [f.model, f.variant, f"ctx{f.ctx}", f.compression, f.size, ref.kind]
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join(parts)).strip(".-")[:100] or "analysis"
 
 
 def download(label: str, data, file_name: str, mime: str, key: str) -> None:
@@ -48,22 +68,25 @@ def download(label: str, data, file_name: str, mime: str, key: str) -> None:
 # ---------------------------------------------------------------------------------------------- report
 with st.container(border=True):
     st.subheader("A/B report")
-    bw_mb_s = float(st.session_state.get("ab_bw_mb_s", shared.DEFAULT_BW_MB_S))
+    measured = shared.measured(ref_a, ref_b, refs)
+    bw = shared.resolved_bandwidth(refs, prefer_device=measured.device if measured else None)
     label_a, label_b = shared.short_label(ref_a), shared.short_label(ref_b)
     st.markdown(f"One HTML file, readable offline (plotly.js is embedded): headline, waterfall, op counts, tiles, "
                 f"bytes per layer with their tables, and the bandwidth cross-check of this session's device logs.\n\n"
-                f"- A: {ref_a.label}\n- B: {ref_b.label}\n- bandwidth for predictions: {bw_mb_s:,.0f} MB/s "
-                f"(set on the A/B page)\n- compressed weights charged: {shared.weight_charge()} (set on the A/B page)")
+                f"- A: {ref_a.label}\n- B: {ref_b.label}\n- bandwidth for predictions: **{bw.label}** ({bw.source}; "
+                f"the A/B and Bandwidth pages set it)\n- compressed weights charged: "
+                f"{shared.CHARGE_NAMES[shared.weight_charge()]} (set on "
+                "the A/B page)")
     try:
-        section = shared.bandwidth_section(refs, bw_mb_s * MB)
+        section = shared.bandwidth_section(refs, bw)
     except (QfoldError, ValueError) as e:
-        st.warning(f"The report leaves out the bandwidth section: {e}")
+        st.warning(f"The report leaves out the bandwidth section: {shared.for_ui(str(e))}")
         section = None
 
     def report_html() -> bytes:
         return build_report(analysis_a, analysis_b, label_a=f"{label_a}: {ref_a.label}",
-                            label_b=f"{label_b}: {ref_b.label}", bw_bytes_per_s=bw_mb_s * MB,
-                            bandwidth=section).encode("utf-8")
+                            label_b=f"{label_b}: {ref_b.label}", bw_bytes_per_s=bw.bytes_per_s,
+                            bandwidth=section, bandwidth_source=f"{bw.label}, {bw.source}").encode("utf-8")
 
     download("Download the HTML report", report_html, "qfold_ab_report.html", "text/html", "export_report")
 
@@ -76,12 +99,12 @@ with st.container(border=True):
     try:
         analysis = shared.load(ref)
     except QfoldError as e:
-        st.error(str(e))
+        shared.error(e)
         st.stop()
-    stem = (ref.variant or ref.path.stem) + ("" if ref.kind == "shipped" else f"_{ref.kind}")
+    stem = file_stem(ref)
     total = analysis.bytes_per_token.total
     st.markdown(f"{analysis.summary.total_ops:,} ops · {analysis.summary.tile_count} tile ops · "
-                f"{fmt.mib(total)} ({fmt.mb(total)}) per token")
+                f"{fmt.size(total, 'auto', None)} ({fmt.size(total, 'auto-si', None)}) per token")
     for note in assumption_notes(analysis):
         st.caption(f"Assumed — {note}")
 
@@ -109,18 +132,20 @@ with st.container(border=True):
     st.subheader("Core ML package")
     if ref.package_path is None or not ref.package_path.is_dir():
         st.info("This analysis has no .mlpackage on this server (shipped analyses carry none: no weights). "
-                "Build it on the Builds page, or with the CLI, e.g. "
-                "`python -m analyzer build --variant qfold --ctx 4096`.")
+                "Build it on the Builds page (or rebuild the A/B pair at full size from the A/B page).")
     else:
         size = package_size_bytes(ref.package_path)
-        st.markdown(f"`{ref.package_path}` — {fmt.mb(size)} ({fmt.mib(size)})")
+        zip_name = f"{stem}.mlpackage.zip"
+        st.markdown(f"`{ref.package_path}` — {fmt.size(size, 'auto-si', None)} ({fmt.size(size, 'auto', None)})")
         if size <= MAX_DOWNLOAD_PACKAGE_BYTES:
-            download("Download the .mlpackage (zip)", partial(zip_package, ref.package_path),
-                     f"{stem}.mlpackage.zip", "application/zip", "export_package")
+            download("Download the .mlpackage (zip)", partial(zip_package, ref.package_path, f"{stem}.mlpackage"),
+                     zip_name, "application/zip", "export_package")
+            st.caption(f"Zipped when you click (it unzips to `{stem}.mlpackage`); the zip is held in server memory "
+                       "only while it downloads.")
         else:
-            st.warning(f"Over {fmt.mb(MAX_DOWNLOAD_PACKAGE_BYTES, 0)}: a browser download would hold it in server "
-                       "memory for the session, so copy it from the server instead.", icon=":material/warning:")
-            parent, name = shlex.quote(str(ref.package_path.parent)), shlex.quote(ref.package_path.name)
-            st.code(f"# on the server\ncd {parent} && zip -qr /tmp/{shlex.quote(stem)}.mlpackage.zip {name}\n"
-                    f"# or, from your machine\nscp -r {shlex.quote('SERVER:' + str(ref.package_path))} .",
-                    language="bash")
+            st.warning(f"Over {fmt.size(MAX_DOWNLOAD_PACKAGE_BYTES, 'auto-si', None)}: a browser download would hold "
+                       "the whole zip in server memory, so zip it on the server and copy it from there:",
+                       icon=":material/warning:")
+            st.code(f"# on the server\n{zip_command(ref.package_path, zip_name)}\n"
+                    f"# or copy the package folder from your machine\n"
+                    f"scp -r {shlex.quote('SERVER:' + str(ref.package_path))} .", language="bash")

@@ -82,7 +82,7 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
         key_a, key_b = _key(ref_a), _key(ref_b)
         program_a, program_b = _program(*key_a), _program(*key_b)
     except QfoldError as e:
-        st.error(f"Cannot read the program: {e}")
+        shared.error(e, "Cannot read the program: ")
         return
     mode = st.segmented_control("Show", MODES, default=MODES[0], key="ab_graph_mode") or MODES[0]
     pair = mode == "A vs B"
@@ -128,7 +128,7 @@ def _layer_graphs(choices: list[str], key_a: Key, key_b: Key, label_a: str, labe
     try:
         view, svgs, too_large = _view(args[0], args[1], layer, collapse, *args[2:])
     except QfoldError as e:
-        st.error(str(e))
+        shared.error(e)
         return
     if too_large:
         st.warning(too_large)

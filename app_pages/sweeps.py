@@ -53,7 +53,7 @@ if source == "define":
             st.session_state["sweeps_job"] = SweepJob(spec, shared.builds_root(),
                                                       ray_options=RayOptions(num_cpus=None)).start()
         except QfoldError as e:
-            st.error(str(e))
+            shared.error(e)
 
     job: SweepJob | None = st.session_state.get("sweeps_job")
     if job is None:
@@ -67,8 +67,8 @@ if source == "define":
         st.progress(done / max(len(rows), 1), text=f"{done} of {len(rows)} points"
                     + (f" · {messages[-1]}" if messages and not finished else ""))
         if error:
-            st.error(error)
-        st.dataframe(sf.progress_frame(rows), hide_index=True, key="sweeps_live")
+            shared.error(error)
+        shared.show_table(sf.progress_frame(rows), key="sweeps_live")
         if finished and not st.session_state.get(f"sweeps_done_{job.id}"):
             st.session_state[f"sweeps_done_{job.id}"] = True
             st.rerun()
@@ -86,7 +86,7 @@ else:
     try:
         table = sf.sweep_frame(read_table(f"table{suffix}", upload.getvalue()))
     except SweepError as e:
-        st.error(str(e))
+        shared.error(e)
         st.stop()
 
 if table is None or table.empty:
@@ -107,10 +107,10 @@ if table["bytes_weights"].notna().any():
                "tile bytes are exact, their weight bytes (and so absolute tok/s) are not the full model's.")
 
 st.subheader("The numbers behind the charts")
-st.dataframe(table, hide_index=True, key="sweeps_table_view")
+shared.show_table(table, key="sweeps_table_view")
 st.download_button("Download the sweep points (CSV)", shared.frame_csv(table), "sweep_points.csv", "text/csv",
                    key="sweeps_dl_points")
 if len(measured):
-    st.dataframe(measured, hide_index=True, key="sweeps_measured_view")
+    shared.show_table(measured, key="sweeps_measured_view")
     st.download_button("Download the measured points (CSV)", shared.frame_csv(measured), "sweep_measured.csv",
                        "text/csv", key="sweeps_dl_measured")

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from analyzer import fmt
 from analyzer.build import jobs
 from analyzer.build.builds import BuildResult, BuildSpec
 from analyzer.device.logs import parse_logs, summarize
 from analyzer.errors import BuildError
-from analyzer.fmt import MIB
 from analyzer.model.sources import resolve_source
-from analyzer.report.catalog import catalog, default_log_mapping, default_pair, measured_pairs, shipped_analyses
+from analyzer.report.catalog import catalog, default_pair, measured_pairs, shipped_analyses
+from analyzer.report.labels import default_log_mapping
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app.py"
@@ -52,7 +53,7 @@ def expected_pair(tiny_builds):
     refs = catalog()
     measured = parse_logs([(EXAMPLE_LOG.name, EXAMPLE_LOG.read_bytes())]).measurements
     labels = list(dict.fromkeys(m.build for m in measured))
-    mapping = default_log_mapping(labels, refs, default_pair(refs))
+    mapping = default_log_mapping(labels, refs)
     pair = default_pair(refs, measured_pairs(refs, mapping, summarize(measured)))
     assert pair is not None
     return load_analysis(pair[0].path), load_analysis(pair[1].path)
@@ -74,8 +75,9 @@ def test_ab_page_shows_the_default_pair(expected_pair):
     assert a.summary.tile_count == 60 and b.summary.tile_count == 0
     assert metrics["tile ops, A → B"] == "60 → 0"
     assert metrics["tile output per token, A → B"] == "960 → 0 MiB"
-    assert metrics["bytes per token, A → B (MiB)"] == f"{a.bytes_per_token.total / MIB:,.0f} → " \
-        f"{b.bytes_per_token.total / MIB:,.0f}"
+    assert metrics["bytes per token, A → B"] == fmt.change(a.bytes_per_token.total, b.bytes_per_token.total, "auto",
+                                                          None)
+    assert metrics["bytes per token, A → B"].endswith(" GiB")  # ~3 GiB per token: the unit the value reads best in
     cats = next(d.value for d in at.dataframe if "Δ MiB" in d.value.columns).set_index("category")
     assert cats.loc["replication", "Δ MiB"] == pytest.approx(-1_920.0)
     assert cats.loc["replication", "Δ MB"] == pytest.approx(-2_013.27, abs=0.01)
@@ -91,13 +93,22 @@ def test_ab_page_shows_the_default_pair(expected_pair):
     assert any("Assumed" in c for c in texts(at.caption)) == compressed
 
 
-def test_ab_bandwidth_slider_changes_the_prediction(expected_pair):
+def test_ab_bandwidth_setting_changes_the_prediction_everywhere(expected_pair):
     at = open_page()
     before = next(m for m in at.metric if m.label.startswith("predicted tok/s"))
-    at.slider(key="ab_bw_mb_s__widget").set_value(111_800.0).run()
+    at.radio(key="bwset_ab_source").set_value("typed").run()
+    at.number_input(key="bwset_ab_typed").set_value(111_800.0).run()
     after = next(m for m in at.metric if m.label.startswith("predicted tok/s"))
     assert before.label.endswith("55,900 MB/s") and after.label.endswith("111,800 MB/s")
     assert before.value != after.value
+    # the one setting: the Bandwidth page and the URL carry the same value
+    assert at.session_state["bw_setting"].to_text() == "typed:111800"
+    assert at.query_params["bw"] in ("typed:111800", ["typed:111800"])
+    at.switch_page("app_pages/bandwidth.py")
+    at.run()
+    assert at.radio(key="bwset_bw_source").value == "typed"
+    assert at.number_input(key="bwset_bw_typed").value == 111_800.0
+    assert any("111,800 MB/s" in c for c in texts(at.caption)), texts(at.caption)
 
 
 def test_ab_drilldown_filters_to_a_layer_and_op_type(expected_pair):
@@ -120,14 +131,14 @@ def test_ab_page_states_the_top8_assumptions_and_the_weight_charge_option(expect
     captions = texts(at.caption)
     assert any("Assumed" in c and "pal4 in layers 4-25" in c and "does not state it" in c for c in captions), captions
     assert any("charged as stored" in c for c in captions)
-    before = {m.label: m.value for m in at.metric}["bytes per token, A → B (MiB)"]
+    before = {m.label: m.value for m in at.metric}["bytes per token, A → B"]
     at.radio(key="ab_weight_charge__widget").set_value("decompressed").run()
-    after = {m.label: m.value for m in at.metric}["bytes per token, A → B (MiB)"]
+    after = {m.label: m.value for m in at.metric}["bytes per token, A → B"]
     assert before != after and any("charged dense" in c for c in texts(at.caption))
     assert at.session_state["ab_weight_charge"] == "decompressed"
 
 
-def test_rebuild_for_real_queues_the_full_size_pair_in_the_background(expected_pair, monkeypatch):
+def test_rebuild_for_real_queues_the_selected_pair_at_full_size(tiny_builds, monkeypatch):
     started: list[BuildSpec] = []
 
     def fake_run_build(spec, root=None, on_progress=None, timeout_s=None):
@@ -135,22 +146,23 @@ def test_rebuild_for_real_queues_the_full_size_pair_in_the_background(expected_p
         return BuildResult(spec.key, Path(root or "."), True, 0.0)
 
     monkeypatch.setattr(jobs, "run_build", fake_run_build)
-    at = open_page()
+    a, b = (f"build:{tiny_builds[v].name}" for v in ("repeat_kv", "qfold"))
+    at = open_page(ab_a=a, ab_b=b, ab_rebuild_popover=True)  # the tiny structure pair, not the default
     at.button(key="ab_rebuild").click().run()
     assert not at.exception
     (job,) = at.session_state["builds_jobs"]
     job._thread.join(timeout=30)
-    snap = job.snapshot()
-    assert snap.state == "done"
-    assert [(s.variant, s.ctx, s.kv_mode, s.source.overrides) for s in started] == [
-        ("repeat_kv", 4096, "state", ()), ("qfold", 4096, "state", ())]
+    assert job.snapshot().state == "done"
+    # the same model, variants, KV mode and ctx, grown to full size (no structure or layer overrides)
+    assert [(s.source.label, s.variant, s.ctx, s.kv_mode, s.source.overrides) for s in started] == [
+        ("exaone-4.0-1.2b", "repeat_kv", 256, "state", ()), ("exaone-4.0-1.2b", "qfold", 256, "state", ())]
 
 
 def test_builds_page_lists_the_cached_builds(tiny_builds):
     at = open_page("app_pages/builds.py")
     options = at.selectbox(key="builds_chosen").options
-    for path in tiny_builds.values():
-        assert path.name in options
+    for path in tiny_builds.values():  # labelled by what tells builds apart, the hash last
+        assert any(o.startswith("exaone-4.0-1.2b · ") and o.endswith(path.name.rsplit("-", 1)[1]) for o in options)
     assert any("Nothing queued" in c or "queue" in c.lower() for c in texts(at.caption))
 
 
@@ -158,11 +170,11 @@ def test_builds_page_rejects_a_bad_folder(tiny_builds, tmp_path, monkeypatch):
     monkeypatch.setenv("QFOLD_DATA_ROOTS", str(tmp_path))
     at = open_page("app_pages/builds.py")
     at.radio(key="builds_source_kind").set_value("Local model folder").run()
-    at.text_input(key="builds_folder").input(str(tmp_path / "no-such-model")).run()
+    at.text_input(key="builds_folder").input(str(tmp_path / "missing")).run()
     assert not at.exception
     assert any("not a preset" in e for e in texts(at.error)), texts(at.error)
-    # outside the data roots: refused without saying whether the folder exists
-    at.text_input(key="builds_folder").input("/etc").run()
+    assert not any("--" in e for e in texts(at.error))  # no command-line flags on a page
+    at.text_input(key="builds_folder").input("/etc").run()  # outside the data roots: refused, existence unsaid
     assert any("outside the folders this server may read" in e for e in texts(at.error)), texts(at.error)
 
 
@@ -258,12 +270,14 @@ def test_default_pair_falls_back_to_matching_builds(tiny_builds):
     assert default_pair([r for r in refs if r.variant == "qfold"]) is None
 
 
-def test_default_log_mapping():
-    from analyzer.report.catalog import AnalysisRef, default_log_mapping
+def test_default_log_mapping_by_build_key():
+    from analyzer.report.catalog import AnalysisRef
+    from analyzer.report.labels import default_log_mapping
 
     a = AnalysisRef("build:k-repeat", "build", "A", Path("/x/k-repeat"), "repeat_kv")
     b = AnalysisRef("build:k-qfold", "build", "B", Path("/x/k-qfold"), "qfold")
-    mapping = default_log_mapping(["exaone-repeat_kv-top8", "exaone-qfold-top8", "k-qfold", "top8-table",
-                                   "repeat_kv-vs-qfold", "myqfold"], [a, b], (a, b))
-    assert mapping == {"exaone-repeat_kv-top8": a.id, "exaone-qfold-top8": b.id, "k-qfold": b.id,
-                       "top8-table": None, "repeat_kv-vs-qfold": None, "myqfold": None}
+    mapping = default_log_mapping(["k-qfold", "exaone-qfold-top8", "top8-table", "repeat_kv-vs-qfold", "myqfold"],
+                                  [a, b])
+    # a build key maps to its build; refs without facts (no spec) are never guessed at
+    assert mapping == {"k-qfold": b.id, "exaone-qfold-top8": None, "top8-table": None, "repeat_kv-vs-qfold": None,
+                       "myqfold": None}

@@ -123,7 +123,7 @@ def test_ab_logs_bandwidth_export_flow(page, tmp_path):
     assert_no_crash(page)
 
     # Bandwidth: the chart and the write-up's cross-check
-    go(page, "Bandwidth model")
+    go(page, "Bandwidth")
     page.locator(".js-plotly-plot").first.wait_for()
     page.get_by_text("Measured tok/s vs bytes per token").first.wait_for()
     page.get_by_text("inferred difference, MB/token").first.wait_for()

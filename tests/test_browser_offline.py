@@ -11,8 +11,8 @@ from tests.test_browser import assert_no_crash, go, page, server  # noqa: F401  
 
 pytestmark = pytest.mark.browser
 
-PAGES = {"": "A/B", "builds": "Builds", "device_logs": "Device logs", "bandwidth": "Bandwidth model",
-         "export": "Export"}
+PAGES = {"": "A/B", "builds": "Builds", "device_logs": "Device logs", "bandwidth": "Bandwidth",
+         "sweeps": "Sweeps", "export": "Export"}
 
 
 def test_a_session_requests_nothing_outside_the_app(page, server):  # noqa: F811

@@ -43,10 +43,12 @@ def test_category_frame_and_waterfall_add_up(analyses):
     assert list(trace.measure) == ["absolute", *["relative"] * len(CATEGORIES), "total"]
     assert list(trace.customdata) == [a.bytes_per_token.total, *frame[frame["in_total"]]["delta_bytes"],
                                       b.bytes_per_token.total]
-    assert trace.y[0] == pytest.approx(a.bytes_per_token.total / MIB)
-    assert sum(trace.y[:-1]) == pytest.approx(trace.y[-1])  # A + every change = B
+    assert trace.orientation == "h" and trace.y[0] == "repeat_kv total" and trace.y[-1] == "qfold total"
+    assert trace.x[0] == pytest.approx(a.bytes_per_token.total / MIB)  # 145 MiB: drawn in MiB
+    assert fig.layout.xaxis.title.text == "MiB per token"
+    assert sum(trace.x[:-1]) == pytest.approx(trace.x[-1])  # A + every change = B
     assert trace.text[CATEGORIES.index("weights") + 1] == ""  # unchanged categories carry no label
-    assert trace.text[CATEGORIES.index("replication") + 1] == "-128.0"
+    assert trace.text[CATEGORIES.index("replication") + 1] == "-128"
 
 
 def test_category_bars_match_table(analyses):

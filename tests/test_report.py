@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import zipfile
 from dataclasses import replace
@@ -82,7 +83,7 @@ def test_report_has_headline_charts_and_is_self_contained(ab, section):
     html = report.build_report(a, b, label_a="repeat_kv <A>", label_b="qfold & B", bandwidth=section,
                                generated_at=when)
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
-    for text in ("60 → 0", "960 → 0 MiB", "predicted speedup B/A", "fp16 bit-identical", "greedy agreement 8/8",
+    for text in ("60 → 0", "960 → 0 MiB", "(= bytes A ÷ bytes B)", "fp16 bit-identical", "greedy agreement 8/8",
                  "No Core ML runtime on Linux", "2026-11-30 12:00 UTC", "Bandwidth model"):
         assert text in html, text
     assert "repeat_kv &lt;A&gt;" in html and "qfold &amp; B" in html and "<A>" not in html
@@ -125,6 +126,8 @@ def test_zip_package_small(tmp_path):
     (pkg / "Manifest.json").write_text("{}")
     (pkg / "Data" / "com.apple.CoreML" / "model.mlmodel").write_bytes(b"\x00" * 1000)
     assert report.package_size_bytes(pkg) == 1002
-    with report.zip_package(pkg) as f, zipfile.ZipFile(f) as zf:
+    data = report.zip_package(pkg)
+    assert isinstance(data, bytes)  # what st.download_button's deferred callable may return (not a file object)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert sorted(zf.namelist()) == ["model.mlpackage/Data/com.apple.CoreML/model.mlmodel",
                                          "model.mlpackage/Manifest.json"]

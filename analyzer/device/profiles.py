@@ -54,8 +54,8 @@ class DeviceProfile:
 
 
 def _writeup_profiles() -> dict[str, DeviceProfile]:
-    return {p.key: DeviceProfile(p.key, p.label, "assumed model constant", "assumed", p.bytes_per_s, p.source,
-                                 note=p.caveat)
+    return {p.key: DeviceProfile(p.key, p.label.split(",")[0], "assumed model constant", "assumed", p.bytes_per_s,
+                                 p.source, note=p.caveat)
             for p in BANDWIDTH_PRESETS.values()}
 
 

@@ -14,6 +14,7 @@ import difflib
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -143,17 +144,25 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     return raw
 
 
-def config_class(model_type: Any):
-    from transformers import CONFIG_MAPPING
+# transformers' lazy modules are not safe to import from two threads at once: the dashboard serves each browser
+# session from its own thread, and two sessions resolving a source at the same moment got "ImportError: cannot
+# import name 'CONFIG_MAPPING' from 'transformers'". The first import (and each family's lazily imported config
+# module) happens under this lock.
+_TRANSFORMERS_IMPORT = threading.Lock()
 
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise SourceError(
-            f"model_type={model_type!r} is not an architecture this transformers version implements{hint}; "
-            "qfold never runs remote code"
-        )
-    return CONFIG_MAPPING[model_type]
+
+def config_class(model_type: Any):
+    with _TRANSFORMERS_IMPORT:
+        from transformers import CONFIG_MAPPING
+
+        if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+            close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise SourceError(
+                f"model_type={model_type!r} is not an architecture this transformers version implements{hint}; "
+                "qfold never runs remote code"
+            )
+        return CONFIG_MAPPING[model_type]
 
 
 def _fit_layer_types(raw: dict[str, Any]) -> None:
@@ -195,7 +204,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: tuple[str, ...], origin: st
     return out
 
 
-def _safe_label(text: str) -> str:
+def safe_label(text: str) -> str:
     """A build-folder-safe name: ASCII letters, digits, ``.``, ``_``, ``-``; never starting with ``.`` (the
     builds folder keeps its own state in dot-folders) or ``-``."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-").rstrip("-")[:40] or "model"
@@ -224,11 +233,11 @@ def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed
                     "qfold loads safetensors only (convert them with `safetensors` first)"
                 )
             weights = tuple(WeightFile(p.name, p.stat().st_size, _sha256_file(p)) for p in files)
-            kind, ref, label = "folder", str(path.resolve()), _safe_label(path.resolve().name)
+            kind, ref, label = "folder", str(path.resolve()), safe_label(path.resolve().name)
         elif path.is_file():
             raw = _read_config_file(path)
             kind, ref = "config", str(path.resolve())
-            label = _safe_label(path.resolve().parent.name if path.name == "config.json" else path.stem)
+            label = safe_label(path.resolve().parent.name if path.name == "config.json" else path.stem)
         else:
             raise SourceError(
                 f"--model {model!r}: not a preset ({', '.join(names)}), nor an existing config.json or model folder"

@@ -29,8 +29,9 @@ from analyzer.errors import QfoldError
 from analyzer.graph.buildinfo import StoredSpec
 from analyzer.graph.mil import list_functions
 from analyzer.graph.record import Analysis, read_analysis_file
-from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES
+from analyzer.model.sources import DEFAULT_PRESET
 from analyzer.model.variants import KV_MODES
+from analyzer.report.compare import compression_name, size_mode
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "shipped"
 SHIPPED_SUFFIX = ".analysis.json"
@@ -55,11 +56,30 @@ class ShippedAnalysis:
 
 
 @dataclass(frozen=True, slots=True)
+class RefFacts:
+    """What tells two pickable analyses apart, as people name them (pickers and log-label matching use these)."""
+
+    model: str  # the source label: a preset name, a config's or folder's name
+    variant: str
+    ctx: int
+    kv_mode: str
+    compression: str  # "fp16", a preset name ("top8") or a canonical spec
+    size: str  # "full size", "structure", "2 layers, structure", ...
+    model_type: str | None = None
+
+    def label(self) -> str:
+        """``exaone-4.0-1.2b · qfold · ctx 4096 · top8 · full size · KV state``: what distinguishes, first."""
+        return " · ".join((self.model, self.variant, f"ctx {self.ctx}", self.compression, self.size,
+                           f"KV {self.kv_mode}"))
+
+
+@dataclass(frozen=True, slots=True)
 class AnalysisRef:
     """Something the dashboard can open as an analysis document.
 
     ``path`` is the ``analysis.json`` (shipped), the build folder (build) or the ``.mlpackage`` (package);
-    ``package_path`` is the build's ``.mlpackage`` when one exists on this server.
+    ``package_path`` is the build's ``.mlpackage`` when one exists on this server; ``facts`` are None for a
+    package made elsewhere (it records no spec).
     """
 
     id: str
@@ -71,16 +91,17 @@ class AnalysisRef:
     created: str = ""
     spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression)
     function: str | None = None  # one function of a multi-function package; None: the only (or default) one
+    facts: RefFacts | None = None
 
 
-def _variant_names() -> tuple[str, ...]:
+def variant_names() -> tuple[str, ...]:
     from analyzer.model.variants import VARIANTS
 
     return tuple(sorted(VARIANTS, key=len, reverse=True))  # longest first: no name is a prefix of another's match
 
 
 def _name_pattern() -> re.Pattern[str]:
-    variants = "|".join(re.escape(v) for v in _variant_names())
+    variants = "|".join(re.escape(v) for v in variant_names())
     kv = "|".join(re.escape(k) for k in KV_MODES)
     return re.compile(rf"^(?P<preset>.+)-(?P<variant>{variants})-(?P<kv>{kv})-ctx(?P<ctx>\d+)"
                       rf"(?:-(?P<compression>{_compression_names()}))?$")
@@ -127,20 +148,15 @@ def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> Analysis:
 
 
 # ------------------------------------------------------------------------------------------------- catalog
+def spec_facts(spec: StoredSpec) -> RefFacts:
+    return RefFacts(model=spec.source.label, variant=spec.variant, ctx=spec.ctx, kv_mode=spec.kv_mode,
+                    compression=compression_name(spec), size=size_mode(spec.source.overrides),
+                    model_type=spec.source.config_dict.get("model_type"))
+
+
 def describe_spec(spec: StoredSpec) -> str:
-    """``exaone-4.0-1.2b · repeat_kv · KV state · ctx 4096 · 2 layers, structure`` from a build spec."""
-    overrides = list(spec.source.overrides)
-    parts = [spec.source.label, spec.variant, f"KV {spec.kv_mode}", f"ctx {spec.ctx}"]
-    size = []
-    layers = next((o.split("=", 1)[1] for o in overrides if o.startswith("num_hidden_layers=")), None)
-    if layers is not None:
-        size.append(f"{layers} layers")
-    structure = all(o in overrides for o in STRUCTURE_OVERRIDES)
-    size.append("structure" if structure else "full size" if not overrides else "overrides")
-    parts.append(", ".join(size))
-    if spec.compression:
-        parts.append(f"compressed {spec.compression}")
-    return " · ".join(parts)
+    """``exaone-4.0-1.2b · repeat_kv · ctx 4096 · fp16 · 2 layers, structure · KV state`` from a build spec."""
+    return spec_facts(spec).label()
 
 
 def _spec_fields(spec: StoredSpec) -> tuple[tuple[str, Any], ...]:
@@ -154,18 +170,27 @@ def _spec_fields(spec: StoredSpec) -> tuple[tuple[str, Any], ...]:
     )
 
 
+def _preset_model_type(preset: str) -> str | None:
+    from analyzer.model.sources import list_presets
+
+    return next((p.model_type for p in list_presets() if p.name == preset), None)
+
+
 def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
     out = []
     for s in shipped_files(folder):
+        facts = RefFacts(model=s.preset, variant=s.variant, ctx=s.ctx, kv_mode=s.kv_mode,
+                         compression=s.compression or "fp16", size="full size",
+                         model_type=_preset_model_type(s.preset))
         out.append(AnalysisRef(
             id=f"shipped:{s.path.name.removesuffix(SHIPPED_SUFFIX)}",
             kind="shipped",
-            label=f"shipped · {s.preset} · {s.variant} · KV {s.kv_mode} · ctx {s.ctx} · full size"
-                  + (f" · compressed {s.compression}" if s.compression else ""),
+            label=f"{facts.label()} · shipped",
             path=s.path,
             variant=s.variant,
             spec=(("source", s.preset), ("overrides", ()), ("kv_mode", s.kv_mode), ("ctx", s.ctx),
                   ("compression", s.compression)),
+            facts=facts,
         ))
     return out
 
@@ -177,15 +202,17 @@ def build_refs(root: str | Path | None = None) -> list[AnalysisRef]:
             continue
         path = build_folder(a)
         package = path / PACKAGE_NAME
+        facts = spec_facts(a.build.spec)
         out.append(AnalysisRef(
             id=f"build:{a.build.key}",
             kind="build",
-            label=f"build · {describe_spec(a.build.spec)} · {a.build.key.rsplit('-', 1)[-1]}",
+            label=f"{facts.label()} · build {a.build.key.rsplit('-', 1)[-1]}",
             path=path,
             variant=a.build.spec.variant,
             package_path=package if package.is_dir() else None,
             created=a.build.created,
             spec=_spec_fields(a.build.spec),
+            facts=facts,
         ))
     return out
 
@@ -196,10 +223,10 @@ def package_refs(path: str | Path) -> list[AnalysisRef]:
     p = Path(path).expanduser().resolve()
     functions = list_functions(p)
     if len(functions) == 1:
-        return [AnalysisRef(id=f"package:{p}", kind="package", label=f"package · {p.name} · {p.parent}", path=p,
+        return [AnalysisRef(id=f"package:{p}", kind="package", label=f"{p.name} · package · {p.parent}", path=p,
                             variant=None, package_path=p)]
     return [AnalysisRef(id=f"package:{p}#{fn}", kind="package",
-                        label=f"package · {p.name} · function {fn} · {p.parent}", path=p, variant=None,
+                        label=f"{p.name} · function {fn} · package · {p.parent}", path=p, variant=None,
                         package_path=p, function=fn) for fn in functions]
 
 
@@ -259,6 +286,19 @@ def measured_pairs(refs: Sequence[AnalysisRef], mapping: dict[str, str | None],
     return out
 
 
+def matching_pair(ref: AnalysisRef, refs: Sequence[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
+    """``ref`` and its counterpart (the other variant of the same spec: source, overrides, KV mode, ctx,
+    compression) as (baseline, candidate), or None when ``ref`` is neither variant or has no counterpart."""
+    others = {BASELINE_VARIANT: CANDIDATE_VARIANT, CANDIDATE_VARIANT: BASELINE_VARIANT}
+    if ref.variant not in others or not ref.spec:
+        return None
+    twin = next((r for r in refs if r.variant == others[ref.variant] and r.kind == ref.kind and r.spec == ref.spec),
+                None)
+    if twin is None:
+        return None
+    return (ref, twin) if ref.variant == BASELINE_VARIANT else (twin, ref)
+
+
 def default_pair(refs: list[AnalysisRef],
                  measured: Sequence[MeasuredPair] = ()) -> tuple[AnalysisRef, AnalysisRef] | None:
     """The A/B the dashboard opens on: the first pair the device logs measured, when there is one; else the
@@ -270,47 +310,11 @@ def default_pair(refs: list[AnalysisRef],
     shipped = {r.variant: r for r in refs if r.kind == "shipped" and set(default) <= set(r.spec)}
     if BASELINE_VARIANT in shipped and CANDIDATE_VARIANT in shipped:
         return shipped[BASELINE_VARIANT], shipped[CANDIDATE_VARIANT]
-    builds = [r for r in refs if r.kind == "build"]
-    for base in (r for r in builds if r.variant == BASELINE_VARIANT):
-        match = next((r for r in builds if r.variant == CANDIDATE_VARIANT and r.spec == base.spec), None)
-        if match is not None:
-            return base, match
+    for base in (r for r in refs if r.kind == "build" and r.variant == BASELINE_VARIANT):
+        pair = matching_pair(base, refs)
+        if pair is not None:
+            return pair
     return None
-
-
-def _label_variant_pattern() -> re.Pattern[str]:
-    """A variant named as a dash-separated word of a device-log build label (the write-up's example log:
-    ``exaone-repeat_kv-top8``, ``exaone-qfold-top8``; examples/README.md)."""
-    variants = "|".join(re.escape(v) for v in _variant_names())
-    return re.compile(rf"(?:^|[-.\s/])(?P<variant>{variants})(?=$|[-.\s/])")
-
-
-def default_log_mapping(labels: list[str], refs: list[AnalysisRef],
-                        pair: tuple[AnalysisRef, AnalysisRef] | None) -> dict[str, str | None]:
-    """Device-log build label → analysis id: a label that is a build key maps to that build; a label that
-    names one variant and a compression preset (``exaone-qfold-top8``) maps to the shipped analysis of
-    both when there is one; a label that names one variant maps to that side of the default A/B pair;
-    anything else stays unmapped (None)."""
-    by_key = {r.id.removeprefix("build:"): r.id for r in refs if r.kind == "build"}
-    by_variant = {r.variant: r.id for r in pair} if pair else {}
-    shipped = {(r.variant, dict(r.spec).get("compression")): r.id for r in refs if r.kind == "shipped"
-               and dict(r.spec).get("source") == DEFAULT_PRESET}
-    pattern = _label_variant_pattern()
-    compression = re.compile(rf"(?:^|[-.\s/])(?P<c>{_compression_names()})(?=$|[-.\s/])")
-    out: dict[str, str | None] = {}
-    for label in labels:
-        if label in by_key:
-            out[label] = by_key[label]
-            continue
-        names = {m["variant"] for m in pattern.finditer(label)}
-        if len(names) != 1:
-            out[label] = None
-            continue
-        variant = names.pop()
-        levels = {m["c"] for m in compression.finditer(label)}
-        level = levels.pop() if len(levels) == 1 else None
-        out[label] = shipped.get((variant, level)) or by_variant.get(variant)
-    return out
 
 
 def builds_root() -> Path:

@@ -60,25 +60,61 @@ def category_frame(diff: ABDiff) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+WATERFALL_HEIGHT_PX = 460  # the report's default chart height; the A/B page draws it at the same height
+LABEL_WRAP_CHARS = 24  # a label line on the waterfall's category axis
+LABEL_MAX_LINES = 3
+LABEL_CHAR_PX = 7.2  # plotly's default 12 px font averages ~0.6 em per character (Open Sans)
+TITLE_WRAP_CHARS = 70
+TITLE_LINE_PX = 22  # a 17 px title line with its leading
+
+
+def wrap_label(text: str, width: int = LABEL_WRAP_CHARS, max_lines: int = LABEL_MAX_LINES) -> str:
+    """``text`` broken into plotly lines (``<br>``) of at most ``width`` characters, at most ``max_lines`` of them
+    (the last one ending in ``…`` when text was cut): a long build label never squeezes the plot."""
+    import textwrap
+
+    lines = textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+    if len(lines) > max_lines:
+        lines = [*lines[:max_lines - 1], lines[max_lines - 1][:width - 1] + "…"]
+    return "<br>".join(lines)
+
+
+def label_lines(text: str) -> list[str]:
+    return text.split("<br>")
+
+
 def waterfall_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str = "B") -> go.Figure:
-    """A's total, each category's change, B's total, in MiB per token."""
+    """A's total, each category's change, B's total, per decode token: horizontal bars, so category and build
+    labels of any length sit in a left margin sized to them (wrapped at ``LABEL_WRAP_CHARS``) instead of
+    squeezing the plot; the unit (KiB/MiB/GiB) is the one the larger total reads best in."""
     cats = frame[frame["in_total"]]
     total = frame.set_index("category").loc["total"]
-    x = [f"{label_a} total", *cats["category"], f"{label_b} total"]
+    names = [wrap_label(f"{label_a} total"), *(wrap_label(str(c)) for c in cats["category"]),
+             wrap_label(f"{label_b} total")]
     y_bytes = [int(total["a_bytes"]), *(int(v) for v in cats["delta_bytes"]), int(total["b_bytes"])]
-    y = [v / MIB for v in y_bytes]
-    text = [fmt.mib(v, suffix=False) if i in (0, len(y) - 1) else fmt.mib(v, sign=True, suffix=False) if v else ""
-            for i, v in enumerate(y_bytes)]
+    unit = fmt.pick_unit(max(abs(y_bytes[0]), abs(y_bytes[-1])))
+    scale = fmt.UNITS[unit]
+    x = [v / scale for v in y_bytes]
+    text = [fmt.size(v, unit, None, suffix=False) if i in (0, len(x) - 1) else
+            fmt.size(v, unit, None, sign=True, suffix=False) if v else "" for i, v in enumerate(y_bytes)]
     fig = go.Figure(go.Waterfall(
-        x=x, y=y, measure=["absolute", *["relative"] * len(cats), "total"], text=text, textposition="outside",
-        customdata=y_bytes, hovertemplate="%{x}: %{customdata:,} B<extra></extra>",
+        orientation="h", y=names, x=x, measure=["absolute", *["relative"] * len(cats), "total"], text=text,
+        textposition="outside", cliponaxis=False, customdata=y_bytes,
+        hovertemplate="%{y}: %{customdata:,} B<extra></extra>",
         increasing={"marker": {"color": CATEGORY_COLORS["replication"]}},
         decreasing={"marker": {"color": CATEGORY_COLORS["kv_write"]}},
         totals={"marker": {"color": COLOR_A}}, connector={"line": {"color": "#999", "dash": "dot"}},
     ))
-    top = max(max(y), 1e-9)
-    return style(fig, f"Bytes per decode token: {label_a} → {label_b} (MiB)", yaxis_title="MiB per token",
-                   yaxis_range=[0, top * 1.15], showlegend=False)
+    longest = max(len(line) for name in names for line in label_lines(name))
+    pair = f"{label_a} → {label_b}" if len(label_a) + len(label_b) <= TITLE_WRAP_CHARS // 2 else "A → B"
+    title = wrap_label(f"Bytes per decode token: {pair} ({unit})", TITLE_WRAP_CHARS, 2)
+    top = 30 + TITLE_LINE_PX * len(label_lines(title))
+    right = max(x[0], x[-1], 1e-9)
+    fig = style(fig, title, xaxis_title=f"{unit} per token", xaxis_range=[0, right * 1.18], showlegend=False,
+                height=WATERFALL_HEIGHT_PX)
+    fig.update_layout(margin={"l": round(longest * LABEL_CHAR_PX) + 20, "r": 30, "t": top, "b": 50})
+    fig.update_yaxes(autorange="reversed", automargin=False)
+    return fig
 
 
 def category_bars_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str = "B") -> go.Figure:

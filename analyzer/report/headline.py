@@ -4,7 +4,7 @@ and what the byte figures assume. The A/B page leads with it and the HTML report
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -206,3 +206,74 @@ def headline_frame(h: ABHeadline) -> pd.DataFrame:
         row("predicted tok/s", h.tok_per_s_a, h.tok_per_s_b, f"tok/s at {fmt.bandwidth(h.bw_bytes_per_s)}"),
     ]
     return pd.DataFrame(rows, columns=["what", "a", "b", "unit"])
+
+
+# ------------------------------------------------------------------------------------------------- cards
+DeltaColor = Literal["normal", "inverse", "off"]
+DeltaArrow = Literal["auto", "up", "down", "off"]
+NO_CHANGE = "no change"
+
+
+@dataclass(frozen=True, slots=True)
+class HeadlineCard:
+    """One headline metric as the A/B page (``st.metric``) and the HTML report show it: already formatted, with
+    the colour its change deserves (``inverse``: fewer is better; ``off``: no change, shown without an arrow)."""
+
+    key: str
+    label: str
+    value: str
+    delta: str | None = None
+    delta_color: DeltaColor = "off"
+    help: str = ""
+    delta_arrow: DeltaArrow = "auto"  # "auto": from the delta's sign; a ratio (×0.33) says its direction itself
+
+
+def _change_card(key: str, label: str, value: str, change: float, delta: str, *, fewer_is_better: bool,
+                 help: str = "") -> HeadlineCard:
+    """A card whose delta is neutral (no arrow, no colour) when nothing changed."""
+    if change == 0:
+        return HeadlineCard(key, label, value, NO_CHANGE, "off", help, "off")
+    return HeadlineCard(key, label, value, delta, "inverse" if fewer_is_better else "normal", help)
+
+
+def _ratio_card(key: str, label: str, value: str, ratio: float, what: str, help: str) -> HeadlineCard:
+    if round(ratio, 2) == 1.0:
+        return HeadlineCard(key, label, value, f"×{ratio:,.2f}, {NO_CHANGE}", "off", help, "off")
+    faster = ratio > 1  # the text has no sign: the colour and the arrow say which way it went
+    return HeadlineCard(key, label, value, f"×{ratio:,.2f} {what}", "normal" if faster else "inverse", help,
+                        "up" if faster else "down")
+
+
+def headline_cards(h: ABHeadline, measured: tuple[float, float, str] | None = None,
+                   caveat: str | None = None) -> tuple[HeadlineCard, ...]:
+    """The headline's metrics, each value in the unit it deserves (``fmt.size(..., "auto")``: 32 KiB of tiles is
+    ``32.0 KiB → 0 B``, never ``0 → 0 MiB``). ``measured`` is (tok/s A, tok/s B, where they were measured);
+    ``caveat`` is added to the predicted tok/s card's help (e.g. :func:`compare.structure_caveat`)."""
+    ta, tb = h.bytes_per_token_a.total, h.bytes_per_token_b.total
+    bw = fmt.bandwidth(h.bw_bytes_per_s)
+    rate_help = "tok/s = BW ÷ bytes per token; the ratio does not depend on BW" + (f". {caveat}" if caveat else "")
+    cards = [
+        _change_card("tiles", "tile ops, A → B", fmt.count_change(h.tiles_a, h.tiles_b), h.tiles_b - h.tiles_a,
+                     f"{h.tiles_b - h.tiles_a:+,} ops", fewer_is_better=True),
+        _change_card("tile_bytes", "tile output per token, A → B", fmt.change(h.tile_bytes_a, h.tile_bytes_b,
+                                                                              "auto", None),
+                     h.tile_bytes_b - h.tile_bytes_a, fmt.size(h.tile_bytes_b - h.tile_bytes_a, "auto", None,
+                                                               sign=True), fewer_is_better=True,
+                     help=f"exact: {h.tile_bytes_a:,} → {h.tile_bytes_b:,} bytes"),
+        _change_card("ops", "ops without const, A → B", fmt.count_change(h.non_const_ops_a, h.non_const_ops_b),
+                     h.non_const_ops_b - h.non_const_ops_a, f"{h.non_const_ops_b - h.non_const_ops_a:+,} ops",
+                     fewer_is_better=True,
+                     help=f"with const: {h.total_ops_a:,} → {h.total_ops_b:,} ({h.total_ops_b - h.total_ops_a:+,})"),
+        _change_card("bytes", "bytes per token, A → B", fmt.change(ta, tb, "auto", None), tb - ta,
+                     fmt.size(tb - ta, "auto", None, sign=True), fewer_is_better=True,
+                     help=f"in decimal units: {fmt.change(ta, tb, 'auto-si', None)} "
+                          f"({fmt.size(tb - ta, 'auto-si', None, sign=True)}); exact: {ta:,} → {tb:,} bytes. "
+                          "KiB/MiB/GiB = 2^10/2^20/2^30 bytes, kB/MB/GB = 10^3/10^6/10^9 bytes."),
+        _ratio_card("tok_per_s", f"predicted tok/s at {bw}", f"{fmt.rate(h.tok_per_s_a)} → {fmt.rate(h.tok_per_s_b)}",
+                    h.speedup, "(= bytes A ÷ bytes B)", rate_help),
+    ]
+    if measured is not None:
+        a, b, where = measured
+        cards.append(_ratio_card("measured", "measured tok/s (device logs)", f"{a:,.2f} → {b:,.2f}", b / a,
+                                 "measured", where))  # as logged: the write-up's 20.39 → 54.30
+    return tuple(cards)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import html
 import math
+import os
+import shlex
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -22,7 +24,6 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer import fmt
 from analyzer.device.bandwidth import WRITEUP_AB_IPHONE
 from analyzer.graph.diff import diff_analyses
 from analyzer.graph.record import Analysis
@@ -33,7 +34,16 @@ from analyzer.report.bandwidth_figures import (
     inferred_vs_graph_figure,
     residual_figure,
 )
-from analyzer.report.headline import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, equivalence_text, headline_frame
+from analyzer.report.compare import compare, structure_caveat
+from analyzer.report.headline import (
+    NO_RUNTIME_NOTE,
+    UNITS_NOTE,
+    HeadlineCard,
+    ab_headline,
+    equivalence_text,
+    headline_cards,
+    headline_frame,
+)
 
 
 # ------------------------------------------------------------------------------------------------- HTML
@@ -60,6 +70,8 @@ th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 .kpis{display:flex;flex-wrap:wrap;gap:1rem;margin:1rem 0}
 .kpi{border:1px solid #ddd;border-radius:6px;padding:.6rem 1rem;min-width:10rem}
 .kpi .v{font-size:1.4rem;font-weight:600}.kpi .l{color:#666;font-size:.8rem}
+.kpi .d{font-size:.85rem}.kpi .d.good{color:#09873a}.kpi .d.bad{color:#d03030}.kpi .d.off{color:#666}
+.warn{background:#fdecea;border-left:4px solid #d03030;padding:.6rem .9rem;font-size:.95rem}
 """
 
 
@@ -71,6 +83,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
+        value += 0.0  # -0.0 → 0.0: a table never shows "-0"
         return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
 
@@ -101,22 +114,34 @@ class _Figures:
         return out
 
 
-def _kpi(label: str, value: str) -> str:
-    return f'<div class="kpi"><div class="v">{html.escape(value)}</div><div class="l">{html.escape(label)}</div></div>'
+def _kpi(card: HeadlineCard) -> str:
+    """A headline card as the page shows it: value, label, and the change coloured as ``st.metric`` colours it."""
+    e = html.escape
+    delta = ""
+    if card.delta is not None:
+        positive = not card.delta.startswith("-")  # st.metric colours by the text's sign
+        good = positive == (card.delta_color == "normal")
+        tone = "off" if card.delta_color == "off" else "good" if good else "bad"
+        delta = f'<div class="d {tone}">{e(card.delta)}</div>'
+    title = f' title="{e(card.help)}"' if card.help else ""
+    return (f'<div class="kpi"{title}><div class="v">{e(card.value)}</div>{delta}'
+            f'<div class="l">{e(card.label)}</div></div>')
 
 
 def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str = "B",
                  bw_bytes_per_s: float = WRITEUP_AB_IPHONE.bytes_per_s, bandwidth: BandwidthSection | None = None,
-                 generated_at: datetime | None = None) -> str:
+                 generated_at: datetime | None = None, bandwidth_source: str = "") -> str:
     """One self-contained HTML page: headline, charts with their tables, tiles, layer 0's graphs of A and B,
-    and the bandwidth check."""
+    and the bandwidth check. ``bandwidth_source`` says where ``bw_bytes_per_s`` came from (the dashboard's one
+    bandwidth setting)."""
     h = ab_headline(a, b, bw_bytes_per_s=bw_bytes_per_s, label_a=label_a, label_b=label_b)
     diff = diff_analyses(a, b)
     fig = _Figures()
     when = (generated_at or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
     versions = a.build.versions if a.build else {}
     e = html.escape
-    ta, tb = h.bytes_per_token_a.total, h.bytes_per_token_b.total
+    differences = compare(a, b).sentence()
+    caveat = structure_caveat(a, b)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>qfold A/B report: {e(label_a)} vs {e(label_b)}</title><style>{_CSS}</style></head><body>",
@@ -124,14 +149,12 @@ def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str =
         f"<p class='meta'>A: {e(label_a)}<br>B: {e(label_b)}<br>generated {e(when)}"
         + (f" · {e(', '.join(f'{k} {v}' for k, v in versions.items()))}" if versions else "") + "</p>",
         f"<p class='note'>{e(NO_RUNTIME_NOTE)}</p>",
+        *([f"<p class='warn'><b>Not apples to apples:</b> {e(differences)}</p>"] if differences else []),
         "<div class='kpis'>",
-        _kpi("tile ops A → B", f"{h.tiles_a} → {h.tiles_b}"),
-        _kpi("tile output A → B", fmt.change(h.tile_bytes_a, h.tile_bytes_b, "MiB")),
-        _kpi("bytes per token A → B", fmt.change(ta, tb, "MiB")),
-        _kpi("bytes per token A → B (MB)", fmt.change(ta, tb, "MB")),
-        _kpi(f"predicted tok/s at {fmt.bandwidth(bw_bytes_per_s)}", f"{h.tok_per_s_a:.2f} → {h.tok_per_s_b:.2f}"),
-        _kpi("predicted speedup B/A", f"{h.speedup:.2f}×"),
+        *(_kpi(card) for card in headline_cards(h, caveat=caveat)),
         "</div>",
+        *([f"<p class='note'><b>Predicted tok/s:</b> {e(caveat)}</p>"] if caveat else []),
+        f"<p class='meta'>Bandwidth for predictions: {e(bandwidth_source)}</p>" if bandwidth_source else "",
         *(f"<p class='note'><b>Assumed:</b> {e(note)}</p>" for note in h.assumptions),
         f"<p><b>Equivalence:</b> {e(equivalence_text(h.equivalence))}</p>",
         f"<p class='meta'>{e(UNITS_NOTE)} Predicted tok/s = BW ÷ bytes per token.</p>",
@@ -173,21 +196,52 @@ def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str =
 
 # ------------------------------------------------------------------------------------------------- packages
 MAX_DOWNLOAD_PACKAGE_BYTES = 200 * 1_000_000
-"""Packages up to this size may be zipped and served through the browser; a download is held in server memory
-per session (a full-size package is ~2.5 GB: bench/results/full_size.json; never push it that way)."""
+"""Packages up to this size are zipped for a browser download. Streamlit 1.67's ``st.download_button`` keeps what
+it serves in server memory (its media storage holds the bytes until no session refers to them), so a full-size
+package (~2.5 GB: bench/results/full_size.json) is never pushed that way: the page gives its path and the command
+that zips it on the server instead (:func:`zip_command`)."""
+
+
+def package_files(path: Path) -> list[Path]:
+    """The regular files of a ``.mlpackage`` folder, sorted; symlinks are neither followed nor included (a link in
+    a package made elsewhere could point anywhere on the server)."""
+    out = []
+    for folder, dirs, files in os.walk(path, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not (Path(folder) / d).is_symlink())
+        out += [Path(folder) / f for f in sorted(files) if not (Path(folder) / f).is_symlink()]
+    return out
 
 
 def package_size_bytes(path: Path) -> int:
-    """Bytes of every file under a ``.mlpackage`` folder."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes of every regular file under a ``.mlpackage`` folder."""
+    return sum(f.stat().st_size for f in package_files(path))
 
 
-def zip_package(path: Path) -> BinaryIO:
-    """The package zipped into an anonymous temporary file (gone when closed), positioned at its start."""
-    out = tempfile.TemporaryFile()
+def zip_package_to(path: Path, out: BinaryIO, root_name: str | None = None) -> None:
+    """Write the package as a zip into ``out``, read file by file from disk, under one top folder ``root_name``
+    (default: the package's own name), so it unzips to a ``.mlpackage`` any Core ML tool opens::
+
+        model.mlpackage/Manifest.json, model.mlpackage/Data/com.apple.CoreML/model.mlmodel, …
+    """
+    root = root_name or path.name
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        for f in sorted(path.rglob("*")):
-            if f.is_file():
-                zf.write(f, arcname=str(Path(path.name) / f.relative_to(path)))
-    out.seek(0)
-    return out
+        for f in package_files(path):
+            zf.write(f, arcname=str(Path(root) / f.relative_to(path)))
+
+
+def zip_package(path: Path, root_name: str | None = None) -> bytes:
+    """The package zipped, as bytes for ``st.download_button``'s deferred callable (run when clicked). The zip is
+    built in an anonymous temporary file and read back once, so the peak is one copy of the zip; the callable
+    must return bytes (Streamlit 1.67 refuses the file object ``tempfile.TemporaryFile`` gives:
+    "Callable returned unsupported type: BufferedRandom")."""
+    with tempfile.TemporaryFile() as tmp:
+        zip_package_to(path, tmp, root_name)
+        tmp.seek(0)
+        return tmp.read()
+
+
+def zip_command(path: Path, out_name: str) -> str:
+    """The shell command that zips ``path`` on the server as the download would (Python's own ``zipfile``, so it
+    works wherever qfold runs, no ``zip`` binary needed)."""
+    return (f"cd {shlex.quote(str(path.parent))} && python -m zipfile -c {shlex.quote('/tmp/' + out_name)} "
+            f"{shlex.quote(path.name)}")
