@@ -23,7 +23,7 @@ from analyzer.report.catalog import (
     shipped_analyses,
 )
 from analyzer.report.headline import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, headline_frame
-from app_pages import graph_view, shared
+from app_pages import graph_view, phases, shared
 
 st.title("A/B: where the KV copies go")
 st.caption("Two Core ML decode graphs of one model, compared op by op: the `tile` ops `repeat_kv` leaves in the "
@@ -149,6 +149,15 @@ with by_cat:
     st.markdown("**Bytes per decode token by category**")
     st.dataframe(shared.category_display(cats), hide_index=True, width="stretch",
                  column_config=shared.number_config(shared.category_display(cats)))
+    flops = figures.flops_frame(diff)
+    per = "per token" if analysis_a.call.phase == analysis_b.call.phase == "decode" else \
+        "per token (per prompt token for a prefill)"
+    with st.expander(f"FLOPs {per} by category: {fmt.gflop(int(flops['a_flops'].iloc[-1]))} → "
+                     f"{fmt.gflop(int(flops['b_flops'].iloc[-1]))}"):
+        shared.table_with_download(flops, "ab_flops_csv", "flops_per_token.csv",
+                                   display=shared.flops_display(flops),
+                                   caption="A multiply-add = 2 FLOPs; softmax 5 per element; elementwise and "
+                                           "transcendental 1 per element (analyzer/graph/flops.py). Per call beside.")
     shared.persisted_radio(
         "Compressed weights per token", WEIGHT_CHARGES, shared.WEIGHT_CHARGE_KEY, DEFAULT_WEIGHT_CHARGE,
         horizontal=True, format_func=lambda c: {"compressed": "as stored", "decompressed": "decompressed at load"}[c],
@@ -172,8 +181,9 @@ with about:
     st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
 
 # ---------------------------------------------------------------------------------------------- side by side
-t_bytes, t_ops, t_tiles, t_layers, t_drill, t_graph = st.tabs(
-    ["Bytes by category", "Op counts", "Tiles", "Bytes per layer", "Ops behind a total", "Graph"],
+t_bytes, t_ops, t_tiles, t_layers, t_drill, t_phases, t_graph = st.tabs(
+    ["Bytes by category", "Op counts", "Tiles", "Bytes per layer", "Ops behind a total",
+     "Decode · prefill · roofline", "Graph"],
     key="ab_tab", on_change="rerun")  # stateful, so the Graph tab runs only when it is open
 
 with t_bytes:
@@ -255,6 +265,10 @@ with t_drill:
     st.markdown(f"**{len(d.rows):,} ops, sum {d.sum_bytes:,} bytes ({fmt.mib(d.sum_bytes, 2)}, "
                 f"{fmt.mb(d.sum_bytes, 2)})** per token{share}")
     shared.table_with_download(d.rows, "ab_drill_csv", f"ops_{side}_{category}.csv", max_height=420)
+
+with t_phases:
+    if t_phases.open:
+        phases.ab_section(ref_a, ref_b, label_a, label_b, refs)
 
 with t_graph:
     if t_graph.open:

@@ -13,11 +13,12 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, list_builds, queue
+from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, queue
 from analyzer.build.compress import PRESETS, canonical_spec
 from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError, SourceError
 from analyzer.fmt import MIB
+from analyzer.model.prefill import BUILD_PHASES, DEFAULT_Q_LEN
 from analyzer.model.sources import (
     DEFAULT_PRESET,
     STRUCTURE_OVERRIDES,
@@ -37,7 +38,8 @@ LOG_TAIL_LINES = 80
 
 st.title("Builds")
 root = shared.builds_root()
-st.caption(f"Each build converts the decode step to Core ML (iOS18, fp16) in a child process and is cached by a "
+st.caption(f"Each build converts the decode step (or a prefill step of N prompt tokens, or both as one "
+           f"package) to Core ML (iOS18, fp16) in a child process and is cached by a "
            f"content hash in `{root}`. Conversions run in the background: this page, and every other session, "
            "keeps working while they run.")
 
@@ -104,6 +106,13 @@ with st.container(border=True):
                           key="builds_ctx")
     kv_mode = c3.radio("KV cache", KV_MODES, horizontal=True, key="builds_kv",
                        format_func=lambda m: {"state": "Core ML state", "input": "inputs (read-only)"}.get(m, m))
+    c6, c7 = st.columns([3, 1])
+    phase = c6.radio("Phase", BUILD_PHASES, horizontal=True, key="builds_phase",
+                     format_func=lambda p: {"decode": "decode (one token per call)",
+                                            "prefill": "prefill (N prompt tokens per call)",
+                                            "decode+prefill": "both, one package with shared weights"}[p])
+    q_len = int(c7.number_input("Prompt tokens per prefill call (N)", min_value=2, max_value=8192,
+                                value=DEFAULT_Q_LEN, step=16, key="builds_q_len", disabled=phase == "decode"))
     c4, c5 = st.columns(2)
     variants = c4.multiselect("Variants", sorted(VARIANTS), default=["repeat_kv", "qfold"], key="builds_variants")
     compression = c5.selectbox("Weight compression", ["none", *PRESETS, CUSTOM], key="builds_compression",
@@ -156,7 +165,8 @@ with st.container(border=True):
             spec_text = None
             if compression != "none":
                 spec_text = canonical_spec(compression, resolved[1].num_layers)
-            specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text) for v in variants)
+            specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text, phase=phase,
+                                    q_len=1 if phase == "decode" else q_len) for v in variants)
         except QfoldError as e:
             st.error(str(e))
     busy = shared.running_keys()
@@ -226,30 +236,30 @@ if not active:
 
 # ---------------------------------------------------------------------------------------------- cached builds
 st.subheader("Cached builds")
-builds = list_builds(root)
-if not builds:
+built = [r for r in shared.analysis_refs() if r.kind == "build"]  # one per function of a multi-function build
+if not built:
     st.caption(f"No finished builds in `{root}` yet.")
 else:
-    table = pd.DataFrame([{
-        "build": describe_spec(b.build.spec),
-        "key": b.build.key,
-        "created": b.build.created,
-        "tile ops": b.summary.tile_count,
-        "tile output MiB": b.summary.tile_output_bytes / MIB,
-        "ops": b.summary.total_ops,
-    } for b in builds if b.build])
+    rows = []
+    for r in built:
+        a = shared.load(r)
+        rows.append({"build": describe_spec(a.build.spec, a.function) if a.build else r.label,
+                     "key": r.id.removeprefix("build:"), "function": r.function or "", "created": r.created,
+                     "tile ops": a.summary.tile_count, "tile output MiB": a.summary.tile_output_bytes / MIB,
+                     "ops": a.summary.total_ops, "GFLOP/token": a.flops.per_token().total / 1e9})
+    table = pd.DataFrame(rows)
     st.dataframe(table, hide_index=True, width="stretch", column_config=shared.number_config(table))
-    keys = [b.build.key for b in builds if b.build]
-    chosen = st.selectbox("Build", keys, key="builds_chosen")
+    by_id = {r.id: r for r in built}
+    chosen = st.selectbox("Build", list(by_id), key="builds_chosen", format_func=lambda i: i.removeprefix("build:"))
     b1, b2, b3 = st.columns([1, 1, 4])
     if b1.button("Open as A", key="builds_as_a"):
-        st.session_state["ab_a"] = f"build:{chosen}"
+        st.session_state["ab_a"] = chosen
         st.switch_page("app_pages/ab.py")
     if b2.button("Open as B", key="builds_as_b"):
-        st.session_state["ab_b"] = f"build:{chosen}"
+        st.session_state["ab_b"] = chosen
         st.switch_page("app_pages/ab.py")
     with st.expander("Build log"):
-        st.code(log_tail(chosen), language="text")
+        st.code(log_tail(Path(by_id[chosen].path).name), language="text")
 
 
 # ---------------------------------------------------------------------------------------------- other packages

@@ -203,6 +203,15 @@ def category_display(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def flops_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """``figures.flops_frame`` in GFLOP (10^9 FLOPs), for the screen (the CSV keeps the exact counts)."""
+    out = pd.DataFrame({"category": frame["category"]})
+    for side, col in (("A", "a_flops"), ("B", "b_flops"), ("Δ", "delta_flops"), ("A per call", "a_flops_per_call"),
+                      ("B per call", "b_flops_per_call")):
+        out[f"{side} GFLOP"] = frame[col].astype("float64") / 1e9
+    return out
+
+
 def crosscheck_display(frame: pd.DataFrame) -> pd.DataFrame:
     """``figures.bandwidth_frame`` with bytes in MB, for the page (the CSV keeps the exact bytes)."""
     def num(col: str, scale: float = 1.0) -> pd.Series:

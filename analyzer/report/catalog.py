@@ -29,6 +29,7 @@ from analyzer.errors import QfoldError
 from analyzer.graph.buildinfo import StoredSpec
 from analyzer.graph.mil import list_functions
 from analyzer.graph.record import Analysis, read_analysis_file
+from analyzer.model.prefill import MULTIFUNCTION_PHASE, PHASES, phases_of
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES
 from analyzer.model.variants import KV_MODES
 
@@ -52,6 +53,8 @@ class ShippedAnalysis:
     ctx: int
     path: Path
     compression: str | None = None  # a compression preset name (analyzer.build.compress.PRESETS), None = fp16
+    phase: str = "decode"  # "prefill": a prefill build of q_len prompt tokens per call
+    q_len: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +72,9 @@ class AnalysisRef:
     variant: str | None
     package_path: Path | None = None
     created: str = ""
-    spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression)
+    spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression, phase)
     function: str | None = None  # one function of a multi-function package; None: the only (or default) one
+    phase: str = "decode"  # what one call of the function does: "decode" | "prefill"
 
 
 def _variant_names() -> tuple[str, ...]:
@@ -83,7 +87,7 @@ def _name_pattern() -> re.Pattern[str]:
     variants = "|".join(re.escape(v) for v in _variant_names())
     kv = "|".join(re.escape(k) for k in KV_MODES)
     return re.compile(rf"^(?P<preset>.+)-(?P<variant>{variants})-(?P<kv>{kv})-ctx(?P<ctx>\d+)"
-                      rf"(?:-(?P<compression>{_compression_names()}))?$")
+                      rf"(?:-prefill(?P<q_len>\d+))?(?:-(?P<compression>{_compression_names()}))?$")
 
 
 def _compression_names() -> str:
@@ -92,9 +96,13 @@ def _compression_names() -> str:
     return "|".join(re.escape(n) for n in PRESETS)
 
 
-def shipped_name(preset: str, variant: str, kv_mode: str, ctx: int, compression: str | None = None) -> str:
-    """``exaone-4.0-1.2b-qfold-state-ctx4096-top8.analysis.json``: what a shipped file is, in its name."""
-    return f"{preset}-{variant}-{kv_mode}-ctx{ctx}" + (f"-{compression}" if compression else "") + SHIPPED_SUFFIX
+def shipped_name(preset: str, variant: str, kv_mode: str, ctx: int, compression: str | None = None,
+                 q_len: int | None = None) -> str:
+    """``exaone-4.0-1.2b-qfold-state-ctx4096-top8.analysis.json`` (a decode build) or
+    ``exaone-4.0-1.2b-qfold-state-ctx4096-prefill64.analysis.json`` (a prefill build of 64 prompt tokens per
+    call): what a shipped file is, in its name."""
+    return (f"{preset}-{variant}-{kv_mode}-ctx{ctx}" + (f"-prefill{q_len}" if q_len else "")
+            + (f"-{compression}" if compression else "") + SHIPPED_SUFFIX)
 
 
 def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
@@ -104,7 +112,9 @@ def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
     for path in sorted(folder.glob(f"*{SHIPPED_SUFFIX}")) if folder.is_dir() else []:
         m = pattern.match(path.name.removesuffix(SHIPPED_SUFFIX))
         if m:
-            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path, m["compression"]))
+            q_len = int(m["q_len"]) if m["q_len"] else None
+            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path, m["compression"],
+                                       "prefill" if q_len else "decode", q_len or 1))
     return out
 
 
@@ -113,7 +123,7 @@ def shipped_analyses(folder: Path = SHIPPED_DIR) -> dict[str, Path]:
     return {
         s.variant: s.path for s in shipped_files(folder)
         if s.preset == DEFAULT_PRESET and s.kv_mode == DEFAULT_KV_MODE and s.ctx == DEFAULT_CTX
-        and s.compression is None
+        and s.compression is None and s.phase == "decode"
     }
 
 
@@ -127,10 +137,14 @@ def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> Analysis:
 
 
 # ------------------------------------------------------------------------------------------------- catalog
-def describe_spec(spec: StoredSpec) -> str:
-    """``exaone-4.0-1.2b · repeat_kv · KV state · ctx 4096 · 2 layers, structure`` from a build spec."""
+def describe_spec(spec: StoredSpec, function: str | None = None) -> str:
+    """``exaone-4.0-1.2b · repeat_kv · KV state · ctx 4096 · 2 layers, structure`` from a build spec (with the
+    phase of ``function`` when the build is not a decode build: ``prefill 64``, ``decode+prefill: decode``)."""
     overrides = list(spec.source.overrides)
     parts = [spec.source.label, spec.variant, f"KV {spec.kv_mode}", f"ctx {spec.ctx}"]
+    if spec.phase != "decode":
+        what = spec.phase_of(function) if function else spec.phase
+        parts.append(f"{spec.phase} {spec.q_len}" + (f": {what}" if spec.phase != what else ""))
     size = []
     layers = next((o.split("=", 1)[1] for o in overrides if o.startswith("num_hidden_layers=")), None)
     if layers is not None:
@@ -143,7 +157,9 @@ def describe_spec(spec: StoredSpec) -> str:
     return " · ".join(parts)
 
 
-def _spec_fields(spec: StoredSpec) -> tuple[tuple[str, Any], ...]:
+def _spec_fields(spec: StoredSpec, function: str) -> tuple[tuple[str, Any], ...]:
+    """What two analyses must share to be an A/B of one model: everything but the variant (the phase is that of
+    the function: a decode+prefill build's decode function pairs with a decode build)."""
     return (
         ("source", spec.source.label),
         ("overrides", tuple(spec.source.overrides)),
@@ -151,6 +167,8 @@ def _spec_fields(spec: StoredSpec) -> tuple[tuple[str, Any], ...]:
         ("kv_mode", spec.kv_mode),
         ("ctx", spec.ctx),
         ("compression", spec.compression),
+        ("phase", spec.phase_of(function)),
+        ("q_len", spec.q_len_of(function)),
     )
 
 
@@ -160,34 +178,62 @@ def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
         out.append(AnalysisRef(
             id=f"shipped:{s.path.name.removesuffix(SHIPPED_SUFFIX)}",
             kind="shipped",
-            label=f"shipped · {s.preset} · {s.variant} · KV {s.kv_mode} · ctx {s.ctx} · full size"
+            label=f"shipped · {s.preset} · {s.variant} · KV {s.kv_mode} · ctx {s.ctx}"
+                  + (f" · prefill {s.q_len}" if s.phase == "prefill" else "") + " · full size"
                   + (f" · compressed {s.compression}" if s.compression else ""),
             path=s.path,
             variant=s.variant,
             spec=(("source", s.preset), ("overrides", ()), ("kv_mode", s.kv_mode), ("ctx", s.ctx),
-                  ("compression", s.compression)),
+                  ("compression", s.compression), ("phase", s.phase), ("q_len", s.q_len)),
+            phase=s.phase,
         ))
     return out
 
 
 def build_refs(root: str | Path | None = None) -> list[AnalysisRef]:
+    """One ref per cached build, or per function of a multi-function (``decode+prefill``) build: a package with
+    several functions never shows as one."""
     out = []
     for a in list_builds(root):
         if a.build is None:
             continue
         path = build_folder(a)
         package = path / PACKAGE_NAME
-        out.append(AnalysisRef(
-            id=f"build:{a.build.key}",
-            kind="build",
-            label=f"build · {describe_spec(a.build.spec)} · {a.build.key.rsplit('-', 1)[-1]}",
-            path=path,
-            variant=a.build.spec.variant,
-            package_path=package if package.is_dir() else None,
-            created=a.build.created,
-            spec=_spec_fields(a.build.spec),
-        ))
+        spec = a.build.spec
+        functions = phases_of(spec.phase) if spec.phase == MULTIFUNCTION_PHASE else (a.function,)
+        for fn in functions:
+            several = len(functions) > 1
+            out.append(AnalysisRef(
+                id=f"build:{a.build.key}" + (f"#{fn}" if several else ""),
+                kind="build",
+                label=f"build · {describe_spec(spec, fn)} · {a.build.key.rsplit('-', 1)[-1]}",
+                path=path,
+                variant=spec.variant,
+                package_path=package if package.is_dir() else None,
+                created=a.build.created,
+                spec=_spec_fields(spec, fn),
+                function=fn if several else None,
+                phase=spec.phase_of(fn),
+            ))
     return out
+
+
+def phase_sibling(ref: AnalysisRef, phase: str, refs: Sequence[AnalysisRef]) -> AnalysisRef | None:
+    """The analysis of the same model and variant that does ``phase`` instead: the other function of a
+    multi-function build, else the newest build of the same spec in that phase (any q_len); ``ref`` itself when
+    it is that phase already."""
+    if ref.phase == phase:
+        return ref
+    if ref.function is not None:
+        same_build = next((r for r in refs if r.path == ref.path and r.phase == phase), None)
+        if same_build is not None:
+            return same_build
+    want = {k: v for k, v in ref.spec if k not in ("phase", "q_len")}
+    for r in refs:  # builds are listed newest first
+        if r.kind == ref.kind and r.variant == ref.variant and r.phase == phase and \
+                {k: v for k, v in r.spec if k not in ("phase", "q_len")} == want:
+            return r
+    return None
 
 
 def package_refs(path: str | Path) -> list[AnalysisRef]:
@@ -200,7 +246,7 @@ def package_refs(path: str | Path) -> list[AnalysisRef]:
                             variant=None, package_path=p)]
     return [AnalysisRef(id=f"package:{p}#{fn}", kind="package",
                         label=f"package · {p.name} · function {fn} · {p.parent}", path=p, variant=None,
-                        package_path=p, function=fn) for fn in functions]
+                        package_path=p, function=fn, phase=fn if fn in PHASES else "decode") for fn in functions]
 
 
 def catalog(root: str | Path | None = None, packages: tuple[str, ...] = (),
@@ -266,7 +312,8 @@ def default_pair(refs: list[AnalysisRef],
     the same source, KV mode, ctx and compression."""
     if measured:
         return measured[0].a, measured[0].b
-    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX), ("compression", None))
+    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX), ("compression", None),
+               ("phase", "decode"))
     shipped = {r.variant: r for r in refs if r.kind == "shipped" and set(default) <= set(r.spec)}
     if BASELINE_VARIANT in shipped and CANDIDATE_VARIANT in shipped:
         return shipped[BASELINE_VARIANT], shipped[CANDIDATE_VARIANT]
@@ -294,7 +341,7 @@ def default_log_mapping(labels: list[str], refs: list[AnalysisRef],
     by_key = {r.id.removeprefix("build:"): r.id for r in refs if r.kind == "build"}
     by_variant = {r.variant: r.id for r in pair} if pair else {}
     shipped = {(r.variant, dict(r.spec).get("compression")): r.id for r in refs if r.kind == "shipped"
-               and dict(r.spec).get("source") == DEFAULT_PRESET}
+               and dict(r.spec).get("source") == DEFAULT_PRESET and r.phase == "decode"}
     pattern = _label_variant_pattern()
     compression = re.compile(rf"(?:^|[-.\s/])(?P<c>{_compression_names()})(?=$|[-.\s/])")
     out: dict[str, str | None] = {}
