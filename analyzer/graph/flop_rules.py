@@ -345,6 +345,7 @@ MOVEMENT_OPS = (
     "scatter", "scatter_along_axis", "scatter_nd", "tile", "concat", "split", "stack", "slice_by_index",
     "slice_by_size", "pad", "transpose", "cast", "fill", "fill_like", "shape", "range_1d", "reverse",
     "flatten2d", "one_hot", "sliding_windows", "cond", "while_loop", "topk", "argsort", "non_zero",
+    "non_maximum_suppression",
     "upsample_nearest_neighbor", "constexpr_lut_to_dense", "constexpr_blockwise_shift_scale",
     "constexpr_affine_dequantize", "constexpr_symmetric_dequantize", "constexpr_sparse_to_dense", "constexpr_cast",
     "constexpr_sparse_blockwise_shift_scale", "constexpr_lut_to_sparse", *sorted(VIEW_OPS),
