@@ -16,7 +16,7 @@ from analyzer.graph.record import read_analysis_file
 from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
 from analyzer.report.catalog import SHIPPED_DIR, shipped_name
 
-H, I, V, N, S, D, HEADS = 16, 24, 40, 6, 10, 4, 2  # hidden, MLP, vocab, rows, cache slots, head_dim, heads
+H, FF, V, N, S, D, HEADS = 16, 24, 40, 6, 10, 4, 2  # hidden, MLP, vocab, rows, cache slots, head_dim, heads
 
 
 def _save(prog, path):
@@ -59,9 +59,9 @@ def block(tmp_path_factory):
         out = mb.reshape(x=out, shape=[1, N, HEADS * D], name="out_merged")
         o = mb.linear(x=out, weight=mb.const(val=w(H, HEADS * D), name="model_layers_0_self_attn_o_proj_weight"),
                       bias=mb.const(val=np.ones(H, np.float16), name="o_bias"), name="o_proj")
-        up = mb.linear(x=o, weight=mb.const(val=w(I, H), name="model_layers_0_mlp_up_proj_weight"), name="up_proj")
+        up = mb.linear(x=o, weight=mb.const(val=w(FF, H), name="model_layers_0_mlp_up_proj_weight"), name="up_proj")
         up = mb.silu(x=up, name="act")
-        down = mb.linear(x=up, weight=mb.const(val=w(H, I), name="model_layers_0_mlp_down_proj_weight"),
+        down = mb.linear(x=up, weight=mb.const(val=w(H, FF), name="model_layers_0_mlp_down_proj_weight"),
                          name="down_proj")
         r = mb.rsqrt(x=down, name="rs")
         mean = mb.reduce_mean(x=r, axes=[-1], keep_dims=True, name="mean")
@@ -89,9 +89,9 @@ def test_every_op_counts_what_the_paper_says(block):
         "probs": ("other", 5 * HEADS * N * S),
         "values": ("attention_values", 2 * HEADS * N * D * S),  # K = cache slots
         "o_proj": ("projections", 2 * N * HEADS * D * H + N * H),  # a bias of ones: one add per output
-        "up_proj": ("ffn", 2 * N * H * I),
-        "act": ("other", N * I),
-        "down_proj": ("ffn", 2 * N * I * H),
+        "up_proj": ("ffn", 2 * N * H * FF),
+        "act": ("other", N * FF),
+        "down_proj": ("ffn", 2 * N * FF * H),
         "rs": ("other", N * H),
         "mean": ("other", N * H),  # one per input element
         "logits": ("lm_head", 2 * 1 * H * V),
@@ -128,7 +128,7 @@ def test_an_op_without_a_rule_is_listed_not_silently_zero(block):
     ops = tuple(replace(op, type="made_up_op") if op.name == "act" else op for op in block.ops)
     acc = count_flops(replace(block, ops=ops))
     assert acc.unruled_op_types == ("made_up_op",)
-    assert count_flops(block).per_call().total - acc.per_call().total == N * I
+    assert count_flops(block).per_call().total - acc.per_call().total == N * FF
 
 
 def test_rules_cover_every_compute_op_the_byte_account_knows():

@@ -148,7 +148,7 @@ def _expected_matmuls(g, cfg, fused_qkv: bool) -> dict[str, list[int]]:
     qkv = [2 * N * h * (hq + 2 * hkv) * d] if fused_qkv else [2 * N * h * hq * d] + [2 * N * h * hkv * d] * 2
     mlp = [2 * N * h * 2 * i, 2 * N * i * h] if fused_qkv else [2 * N * h * i] * 2 + [2 * N * i * h]
     return {
-        "projections": sorted((qkv + [2 * N * hq * d * h]) * g.num_layers),
+        "projections": sorted([*qkv, 2 * N * hq * d * h] * g.num_layers),
         "ffn": sorted(mlp * g.num_layers),
         "attention_scores": [2 * hq * N * CTX * d] * g.num_layers,  # Q·Kᵀ over the whole static cache
         "attention_values": [2 * hq * N * CTX * d] * g.num_layers,
