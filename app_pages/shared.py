@@ -37,6 +37,7 @@ from analyzer.report.catalog import (
     default_pair,
     measured_for,
     measured_pairs,
+    phase_sibling,
 )
 from analyzer.report.figures import op_frame
 from analyzer.report.report import BandwidthSection
@@ -304,9 +305,15 @@ def log_mapping(labels: Sequence[str], refs: Sequence[AnalysisRef]) -> dict[str,
 
 
 def mapped_analyses(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> dict[str, Analysis]:
-    """Build label → the analysis it is mapped to."""
+    """Build label → the decode analysis it is mapped to (the decode function of a decode+prefill build, or the
+    decode build of a prefill one's spec: the bandwidth model and the A/B headline are models of decode steps)."""
     by_id = refs_by_id(refs)
-    return {label: load(by_id[ref_id]) for label, ref_id in mapping.items() if ref_id and ref_id in by_id}
+    out = {}
+    for label, ref_id in mapping.items():
+        decode = phase_sibling(by_id[ref_id], "decode", refs) if ref_id and ref_id in by_id else None
+        if decode is not None:
+            out[label] = load(decode)
+    return out
 
 
 def log_summaries_and_mapping(refs: Sequence[AnalysisRef]) -> tuple[list[BuildDeviceSummary], dict[str, str | None]]:

@@ -159,3 +159,22 @@ def test_full_size_multifunction_package_shares_its_weights(tmp_path):
     one_copy = _blob_bytes(read_program(pkg, "decode"))
     assert 0.99 * one_copy <= (pkg / WEIGHTS).stat().st_size <= 1.01 * one_copy
     assert [a.function for a in load_analyses(folder)] == ["decode", "prefill"]
+
+
+@pytest.mark.conversion
+def test_graph_and_fit_never_pick_one_function_silently(tiny_phase_builds, cli, tmp_path):
+    folder = tiny_phase_builds["qfold"]
+    code, _, err = cli("graph", folder, "--layer", "0", "--out", tmp_path / "g.dot")
+    assert code == 1 and "2 functions (decode, prefill); pick one with --function" in err
+    code, out, err = cli("graph", tiny_phase_builds["repeat_kv"], folder, "--function", "prefill", "--layer", "0",
+                         "--out", tmp_path / "g.dot")
+    assert code == 0, err
+    assert "[1,1,256,256]" in (tmp_path / "g.dot").read_text()  # the prefill's merged-row scores of Q-fold
+    log = tmp_path / "log.csv"
+    log.write_text("device,build,tok_per_s\nphone,pre,10\n")
+    prefill_only = tmp_path / "prefill.analysis.json"
+    prefill_only.write_text((folder / function_analysis_file("prefill")).read_text())
+    code, _, err = cli("fit", log, "--build", f"pre={prefill_only}")
+    assert code != 0 and "a prefill analysis (64 tokens per call)" in err
+    code, _, err = cli("fit", log, "--build", f"pre={folder}")  # the build's default function: decode
+    assert code == 0, err
