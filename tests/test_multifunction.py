@@ -166,7 +166,7 @@ def test_graph_and_fit_never_pick_one_function_silently(tiny_phase_builds, cli, 
     folder = tiny_phase_builds["qfold"]
     code, _, err = cli("graph", folder, "--layer", "0", "--out", tmp_path / "g.dot")
     assert code == 1 and "2 functions (decode, prefill); pick one with --function" in err
-    code, out, err = cli("graph", tiny_phase_builds["repeat_kv"], folder, "--function", "prefill", "--layer", "0",
+    code, _, err = cli("graph", tiny_phase_builds["repeat_kv"], folder, "--function", "prefill", "--layer", "0",
                          "--out", tmp_path / "g.dot")
     assert code == 0, err
     assert "[1,1,256,256]" in (tmp_path / "g.dot").read_text()  # the prefill's merged-row scores of Q-fold

@@ -2,11 +2,13 @@
 
 Contract (scripts depend on these names):
   build --model M --variant {repeat_kv,qfold} [--kv {state,input}] [--ctx N] [--set K=V ...]
-        [--compression SPEC]          last stdout line: the build folder
+        [--compression SPEC] [--phase {decode,prefill,decode+prefill}] [--q-len N]
+                                      last stdout line: the build folder
   inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}]
                                           PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}]
-  graph A [B] [--layer N|outside] --out FILE.svg|FILE.dot [--no-collapse]   last stdout line: the file written
+  graph A [B] [--layer N|outside] [--function NAME] --out FILE.svg|FILE.dot [--no-collapse]
+                                      last stdout line: the file written
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
   sweep --model M [--model M2 ...] --ctx 512,1024 --variant repeat_kv,qfold [--compression SPEC ...]
         [--structure] [--set K=V ...] [--address ADDR] --out TABLE.csv   last stdout line: the table
