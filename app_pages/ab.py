@@ -142,6 +142,13 @@ if measured:
 
 for note in h.assumptions:
     st.caption(f"Assumed — {note}")
+prefill_sides = [f"{side} ({a.call.tokens_per_call} prompt tokens per call)"
+                 for side, a in (("A", analysis_a), ("B", analysis_b)) if a.call.phase == "prefill"]
+if prefill_sides:
+    what = "is a prefill function" if len(prefill_sides) == 1 else "are prefill functions"
+    st.info(f"{' and '.join(prefill_sides)} {what}: the bytes and the tok/s above are per call, not per decode token "
+            "(per prompt token: ÷ tokens per call). The Decode · prefill · roofline tab sets both phases side by side.",
+            icon=":material/info:")
 
 by_cat, about = st.columns([3, 2])
 with by_cat:

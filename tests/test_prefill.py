@@ -174,6 +174,19 @@ def test_flops_of_every_matmul_from_the_config(programs, preset, variant):
 
 
 @pytest.mark.conversion
+@pytest.mark.parametrize("kv_mode", ["state", "input"])
+def test_call_inputs_are_what_the_converted_function_takes(programs, kv_mode):
+    """The interpreter check's inputs (``call_inputs``) match the package's inputs by name, shape and dtype."""
+    from analyzer.model.prefill import call_inputs
+
+    program, _, _ = programs("exaone-4.0-1.2b", "qfold", kv_mode)
+    step = PrefillStep(_model("exaone-4.0-1.2b"), CTX, "qfold", kv_mode, N)
+    values = call_inputs(step, list(range(N)), 0)
+    declared = {t.name: (t.shape, t.dtype) for t in program.inputs}
+    assert {k: (v.shape, {"int32": "int32", "float16": "fp16"}[str(v.dtype)]) for k, v in values.items()} == declared
+
+
+@pytest.mark.conversion
 def test_kv_as_inputs_prefill(programs):
     """A read-only cache: the mask covers the cache and the new tokens, the new keys/values are outputs, and
     repeat_kv replicates both the cache and the new tokens while Q-fold replicates neither."""

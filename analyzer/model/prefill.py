@@ -30,6 +30,7 @@ from analyzer.model.decode import ATTN_PREFIX, MASK_VALUE, DecodeStep, DecodeSte
 from analyzer.model.variants import get_variant
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 # What one call of a converted step does. A build converts one of them, or both into one package
@@ -163,6 +164,26 @@ def run_prefill(step: PrefillStep, tokens: list[int], dtype: torch.dtype) -> tor
                     host_kv[2 * i + 1][:, :, pos : pos + n] = new_v[i : i + 1]
             outs.append(logits[0].clone())
     return torch.cat(outs)
+
+
+def call_inputs(step: PrefillStep, tokens: list[int], pos: int) -> dict[str, np.ndarray]:
+    """The Core ML inputs of one prefill call, by name, as NumPy arrays (``input_ids``, ``current_pos``,
+    ``causal_mask``; the caches as zeros with ``--kv input``): what the converted package's ``prefill`` function
+    takes. This is the hook for the MIL interpreter's check (issue #9's ``analyzer.graph.interpret``): run the
+    function on these inputs and compare its logits and the N cache slots it writes with :func:`run_prefill`'s."""
+    import numpy as np
+    import torch
+
+    if len(tokens) != step.q_len:
+        raise ValueError(f"a prefill call takes q_len={step.q_len} tokens, got {len(tokens)}")
+    g = step.geometry
+    out = {"input_ids": np.asarray([tokens], dtype=np.int32), "current_pos": np.asarray([pos], dtype=np.int32),
+           "causal_mask": make_prefill_mask(step.ctx, pos, step.q_len, torch.float16, step.kv_mode).numpy()}
+    if step.kv_mode == "input":
+        for i in range(g.num_layers):
+            for kv in "kv":
+                out[f"{kv}_cache_{i}"] = np.zeros((1, g.num_kv_heads, step.ctx, g.head_dim), dtype=np.float16)
+    return out
 
 
 def prompt_calls(prompt_tokens: int, q_len: int) -> int:
