@@ -95,6 +95,11 @@ def bandwidth(bytes_per_s: float, digits: int = 0) -> str:
     return f"{size(bytes_per_s, 'MB', digits, suffix=False)} MB/s"
 
 
+def gflop(flops: int | float, digits: int = 2) -> str:
+    """``3.59 GFLOP`` (GFLOP = 10^9 floating-point operations)."""
+    return f"{flops / 1e9:,.{digits}f} GFLOP"
+
+
 def bytes_both(n_bytes: int) -> str:
     """``16.0 MiB (16,777,216 B)``: the readable figure and the exact count it came from."""
     return f"{mib(n_bytes)} ({n_bytes:,} B)"

@@ -25,7 +25,7 @@ from analyzer.report.headline import (
     headline_frame,
     package_fold_summary,
 )
-from app_pages import graph_view, shared
+from app_pages import graph_view, phases, shared
 
 st.title("A/B: where the KV copies go")
 st.caption("Two Core ML decode graphs of one model, compared op by op: the `tile` ops `repeat_kv` leaves in the "
@@ -158,11 +158,27 @@ st.caption(f"Predicted tok/s use **{bw.label}**: {bw.source}." + (f" **{caveat}*
            help=bw.citation or None)
 for note in h.assumptions:
     st.caption(f"Assumed — {note}")
+prefill_sides = [f"{side} ({a.call.tokens_per_call} prompt tokens per call)"
+                 for side, a in (("A", analysis_a), ("B", analysis_b)) if a.call.phase == "prefill"]
+if prefill_sides:
+    what = "is a prefill function" if len(prefill_sides) == 1 else "are prefill functions"
+    st.info(f"{' and '.join(prefill_sides)} {what}: the bytes and the tok/s above are per call, not per decode token "
+            "(per prompt token: ÷ tokens per call). The Decode · prefill · roofline tab sets both phases side by side.",
+            icon=":material/info:")
 
 # Full-width blocks (the table, then the two settings and the equivalence side by side): nothing is squeezed at 900 px.
 cats = figures.category_frame(diff)
 st.markdown("**Bytes per decode token by category**")
 shared.show_table(shared.category_display(cats))
+flops = figures.flops_frame(diff)
+per = "per token" if analysis_a.call.phase == analysis_b.call.phase == "decode" else \
+    "per token (per prompt token for a prefill)"
+with st.expander(f"FLOPs {per} by category: {fmt.gflop(int(flops['a_flops'].iloc[-1]))} → "
+                 f"{fmt.gflop(int(flops['b_flops'].iloc[-1]))}"):
+    shared.table_with_download(flops, "ab_flops_csv", "flops_per_token.csv",
+                               display=shared.flops_display(flops),
+                               caption="A multiply-add = 2 FLOPs; softmax 5 per element; elementwise and "
+                                       "transcendental 1 per element (analyzer/graph/flops.py). Per call beside.")
 settings, about = st.columns(2)
 with settings:
     shared.bandwidth_control("ab")
@@ -181,8 +197,9 @@ with about:
 st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
 
 # ---------------------------------------------------------------------------------------------- side by side
-t_bytes, t_ops, t_tiles, t_layers, t_drill, t_graph = st.tabs(
-    ["Bytes by category", "Op counts", "Tiles", "Bytes per layer", "Ops behind a total", "Graph"],
+t_bytes, t_ops, t_tiles, t_layers, t_drill, t_phases, t_graph = st.tabs(
+    ["Bytes by category", "Op counts", "Tiles", "Bytes per layer", "Ops behind a total",
+     "Decode · prefill · roofline", "Graph"],
     key="ab_tab", on_change="rerun")  # stateful, so the Graph tab runs only when it is open
 
 with t_bytes:
@@ -259,6 +276,10 @@ with t_drill:
     st.markdown(f"**{len(d.rows):,} ops, sum {d.sum_bytes:,} bytes ({fmt.size(d.sum_bytes, 'auto', None)}, "
                 f"{fmt.size(d.sum_bytes, 'auto-si', None)})** per token{share}")
     shared.table_with_download(d.rows, "ab_drill_csv", f"ops_{side}_{category}.csv", max_height=420)
+
+with t_phases:
+    if t_phases.open:
+        phases.ab_section(ref_a, ref_b, label_a, label_b, refs)
 
 with t_graph:
     if t_graph.open:

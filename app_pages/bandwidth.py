@@ -1,5 +1,6 @@
 """Bandwidth model: measured tok/s against graph bytes per token (tok/s ≈ BW ÷ bytes), the bytes each
-measurement implies, residuals, fits per device, and the write-up's A/B cross-check."""
+measurement implies, residuals, fits per device, and the write-up's A/B cross-check (decode runs); prefill runs
+against the compute roof."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import streamlit as st
 
 from analyzer import fmt
 from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT
+from analyzer.device.logs import summarize
+from analyzer.device.profiles import load_profiles
+from analyzer.device.roofline import Roof, prefill_runs
 from analyzer.errors import QfoldError
 from analyzer.report import bandwidth_figures as figures
+from analyzer.report import roofline_figures as rf
 from analyzer.report.assumptions import assumption_notes
-from app_pages import shared
+from analyzer.report.catalog import phase_sibling
+from app_pages import phases, shared
 
 st.title("Bandwidth model")
 st.caption("Decode on a phone is memory-bound, so tok/s ≈ BW ÷ bytes per token. Read backwards, a measured tok/s "
@@ -125,6 +131,31 @@ if compressed and fp16_graphs:
             f"bandwidth cannot fit both (residuals above {DEFAULT_MAX_RESIDUAL_PCT:g}% are expected). The A/B "
             "difference is unaffected: quantization and weights are the same on both sides, and the difference is "
             "the KV replication.", icon=":material/info:")
+
+# ---------------------------------------------------------------------------------------------- prefill runs
+st.subheader("Prefill runs against the compute roof")
+prefill_summaries = summarize(imported.measurements, phase="prefill")
+if not prefill_summaries:
+    st.caption("No prefill runs in these logs (llama-bench `pp…`, runners' prompt lines, or `phase=prefill` rows). "
+               "The fits above use decode runs only; prefill is compute-bound, so it is held against FLOPs instead.")
+else:
+    profiles = {k: p for k, p in load_profiles().items() if p.has_compute_roof}
+    key = shared.persisted_selectbox("Device roofs for the prefill runs", list(profiles), "bw_roof_profile",
+                                     default=phases.DEFAULT_ROOF_PROFILE, format_func=lambda k: profiles[k].label)
+    roof = Roof.of(profiles[key])
+    prefill_analyses = {}
+    for label, ref_id in mapping.items():
+        sibling = phase_sibling(by_id[ref_id], "prefill", refs) if ref_id and ref_id in by_id else None
+        prefill_analyses[label] = shared.load(sibling) if sibling is not None else None
+    runs = prefill_runs(prefill_summaries, prefill_analyses, roof)
+    prefill_frame = rf.prefill_runs_frame(runs)
+    if prefill_frame["implied_flops_per_s"].notna().any():
+        st.plotly_chart(rf.prefill_runs_figure(prefill_frame, roof), key="bw_prefill_chart")
+    shared.table_with_download(prefill_frame, "bw_prefill_csv", "prefill_runs.csv",
+                               caption="implied FLOP/s = measured prompt tok/s × FLOPs per prompt token of the "
+                                       "mapped label's prefill analysis (a prefill build, or the prefill function of a "
+                                       "decode+prefill package); predicted = the roofline's bound for that analysis. "
+                                       f"Roofs: {roof.source}.")
 
 # ---------------------------------------------------------------------------------------------- device model
 with st.expander("Device model: t = Σ bytes_c / BW_c + n_ops·τ + t0 (the same fit as `fit --sweep`)"):

@@ -14,13 +14,14 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, list_builds, queue
+from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, queue
 from analyzer.build.compress import PRESETS, canonical_spec
 from analyzer.build.fold import fold_cached, fold_record_of
 from analyzer.build.jobs import BuildJob, JobSnapshot
 from analyzer.errors import QfoldError, SourceError
 from analyzer.fsio import path_under_roots
 from analyzer.model.cost import BuildCost, check_request
+from analyzer.model.prefill import BUILD_PHASES, DEFAULT_Q_LEN
 from analyzer.model.sources import (
     DEFAULT_PRESET,
     STRUCTURE_OVERRIDES,
@@ -42,7 +43,8 @@ LOG_TAIL_LINES = 80
 
 st.title("Builds")
 root = shared.builds_root()
-st.caption(f"Each build converts the decode step to Core ML (iOS18, fp16) in a child process and is cached by a "
+st.caption(f"Each build converts the decode step (or a prefill step of N prompt tokens, or both as one "
+           f"package) to Core ML (iOS18, fp16) in a child process and is cached by a "
            f"content hash in `{root}`. Conversions run in the background: this page, and every other session, "
            "keeps working while they run.")
 
@@ -134,6 +136,13 @@ with st.container(border=True):
     ctx = c2.number_input("Context length (cache slots)", min_value=16, max_value=131_072, step=256, key="builds_ctx")
     kv_mode = c3.radio("KV cache", KV_MODES, horizontal=True, key="builds_kv",
                        format_func=lambda m: {"state": "Core ML state", "input": "inputs (read-only)"}.get(m, m))
+    c6, c7 = st.columns([3, 1])
+    phase = c6.radio("Phase", BUILD_PHASES, horizontal=True, key="builds_phase",
+                     format_func=lambda p: {"decode": "decode (one token per call)",
+                                            "prefill": "prefill (N prompt tokens per call)",
+                                            "decode+prefill": "both, one package with shared weights"}[p])
+    q_len = int(c7.number_input("Prompt tokens per prefill call (N)", min_value=2, max_value=8192,
+                                value=DEFAULT_Q_LEN, step=16, key="builds_q_len", disabled=phase == "decode"))
     c4, c5 = st.columns(2)
     variants = c4.multiselect("Variants", sorted(VARIANTS), key="builds_variants")
     compression = c5.selectbox("Weight compression", ["none", *PRESETS, CUSTOM], key="builds_compression",
@@ -207,7 +216,8 @@ with st.container(border=True):
             spec_text = None
             if compression != "none":
                 spec_text = canonical_spec(compression, resolved[1].num_layers)
-            specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text) for v in variants)
+            specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text, phase=phase,
+                                    q_len=1 if phase == "decode" else q_len) for v in variants)
         except QfoldError as e:
             shared.error(e)
     busy = shared.running_keys()
@@ -292,23 +302,28 @@ if not active:
 
 # ---------------------------------------------------------------------------------------------- cached builds
 st.subheader("Cached builds")
-builds = [b for b in list_builds(root) if b.build]
-if not builds:
+built = [r for r in shared.analysis_refs() if r.kind == "build"]  # one per function of a multi-function build
+if not built:
     st.caption(f"No finished builds in `{root}` yet.")
 else:
-    table = pd.DataFrame([{
-        "build": describe_spec(b.build.spec),
-        "tile ops": b.summary.tile_count,
-        "tile output": fmt.size(b.summary.tile_output_bytes, "auto", None),
-        "bytes per token": fmt.size(b.bytes_per_token.total, "auto", None),
-        "ops": b.summary.total_ops,
-        "created": b.build.created,
-        "key": b.build.key,
-    } for b in builds])
-    shared.show_table(table)
+    rows = []
+    for r in built:
+        a = shared.load(r)
+        rows.append({
+            "build": describe_spec(a.build.spec, a.function) if a.build else r.label,
+            "function": r.function or "",
+            "tile ops": a.summary.tile_count,
+            "tile output": fmt.size(a.summary.tile_output_bytes, "auto", None),
+            "bytes per call": fmt.size(a.bytes_per_token.total, "auto", None),  # a decode call is one token
+            "GFLOP per token": a.flops.per_token().total / 1e9,
+            "ops": a.summary.total_ops,
+            "created": r.created,
+            "key": r.id.removeprefix("build:"),
+        })
+    shared.show_table(pd.DataFrame(rows))
     refs = shared.analysis_refs()
     by_id = shared.refs_by_id(refs)
-    ids = [f"build:{b.build.key}" for b in builds if f"build:{b.build.key}" in by_id]
+    ids = [r.id for r in built if r.id in by_id]
     chosen = st.selectbox("Build", ids, key="builds_chosen", format_func=lambda i: by_id[i].label)
     twin = matching_pair(by_id[chosen], refs) if chosen else None
     with st.container(horizontal=True, gap="xsmall"):
@@ -324,7 +339,7 @@ else:
             shared.set_persisted({"ab_a": twin[0].id, "ab_b": twin[1].id})
             st.switch_page("app_pages/ab.py")
     with st.expander("Build log"):
-        st.code(log_tail(chosen.removeprefix("build:")) if chosen else "", language="text")
+        st.code(log_tail(Path(by_id[chosen].path).name) if chosen else "", language="text")
 
 
 # ---------------------------------------------------------------------------------------------- other packages

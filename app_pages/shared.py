@@ -54,6 +54,7 @@ from analyzer.report.catalog import (
     default_pair,
     measured_for,
     measured_pairs,
+    phase_sibling,
 )
 from analyzer.report.figures import op_frame
 from analyzer.report.labels import LabelMatch, log_label_matches
@@ -245,6 +246,15 @@ def category_display(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def flops_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """``figures.flops_frame`` in GFLOP (10^9 FLOPs), for the screen (the CSV keeps the exact counts)."""
+    out = pd.DataFrame({"category": frame["category"]})
+    for side, col in (("A", "a_flops"), ("B", "b_flops"), ("Δ", "delta_flops"), ("A per call", "a_flops_per_call"),
+                      ("B per call", "b_flops_per_call")):
+        out[f"{side} GFLOP"] = frame[col].astype("float64") / 1e9
+    return out
+
+
 def crosscheck_display(frame: pd.DataFrame) -> pd.DataFrame:
     """``figures.bandwidth_frame`` with bytes in MB, for the page (the CSV keeps the exact bytes)."""
     def num(col: str, scale: float = 1.0) -> pd.Series:
@@ -405,9 +415,15 @@ def log_mapping(labels: Sequence[str], refs: Sequence[AnalysisRef]) -> dict[str,
 
 
 def mapped_analyses(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> dict[str, Analysis]:
-    """Build label → the analysis it is mapped to."""
+    """Build label → the decode analysis it is mapped to (the decode function of a decode+prefill build, or the
+    decode build of a prefill one's spec: the bandwidth model and the A/B headline are models of decode steps)."""
     by_id = refs_by_id(refs)
-    return {label: load(by_id[ref_id]) for label, ref_id in mapping.items() if ref_id and ref_id in by_id}
+    out = {}
+    for label, ref_id in mapping.items():
+        decode = phase_sibling(by_id[ref_id], "decode", refs) if ref_id and ref_id in by_id else None
+        if decode is not None:
+            out[label] = load(decode)
+    return out
 
 
 def log_summaries_and_mapping(refs: Sequence[AnalysisRef]) -> tuple[list[BuildDeviceSummary], dict[str, str | None]]:

@@ -1,15 +1,16 @@
 """Full-size builds (EXAONE 4.0 1.2B, ctx 4096, KV as state, by default): build each variant one after the other
 (never two at once: ~15 GB each) and record conversion time and peak RSS of each child.
 
-usage: PYTHONPATH=. python bench/full_size.py [--compression PRESET] [--variants repeat_kv,qfold] [--ship]
+usage: PYTHONPATH=. python bench/full_size.py [--compression PRESET] [--variants repeat_kv,qfold] [--prefill Q_LEN]
+                                             [--ship]
        PYTHONPATH=. python bench/full_size.py --every-shipped [--ship-dir DIR]      (what ``make shipped`` runs)
        common: [--builds-dir DIR] [--results-dir DIR]
 
-Writes ``<results-dir>/full_size[-PRESET].json`` (default bench/results/). ``--ship`` writes each analysis to
-``<ship-dir>`` (default analyzer/shipped/) under the catalog's name for it
-(``exaone-4.0-1.2b-<variant>-state-ctx4096[-<preset>].analysis.json``), so a compressed pair never overwrites
-the fp16 one. ``--every-shipped`` rebuilds every file the shipped folder holds (named by that convention) and
-ships it.
+Writes ``<results-dir>/full_size[-prefill<N>][-PRESET].json`` (default bench/results/). ``--ship`` writes each
+analysis to ``<ship-dir>`` (default analyzer/shipped/) under the catalog's name for it
+(``exaone-4.0-1.2b-<variant>-state-ctx4096[-prefill<N>][-<preset>].analysis.json``), so a compressed or prefill
+pair never overwrites the fp16 decode one. ``--every-shipped`` rebuilds every file the shipped folder holds (named
+by that convention) and ships it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def build_one(s: ShippedAnalysis, builds_dir: str | None) -> tuple[dict, object]
     source = resolve_source(s.preset)
     compression = canonical_spec(s.compression, geometry_of(load_config(source)).num_layers) if s.compression else None
     t0 = time.monotonic()
-    result = run_build(BuildSpec(source, s.variant, s.kv_mode, s.ctx, compression), builds_dir,
+    result = run_build(BuildSpec(source, s.variant, s.kv_mode, s.ctx, compression, phase=s.phase, q_len=s.q_len),
+                       builds_dir,
                        on_progress=lambda pr: print(f"[{pr.fraction * 100:3.0f}%] {pr.stage}: {pr.message}",
                                                     file=sys.stderr, flush=True))
     analysis = read_analysis_file(result.path)
@@ -66,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--builds-dir", default=None)
     p.add_argument("--compression", default=None, choices=sorted(PRESETS), help="a compression preset")
     p.add_argument("--variants", default="repeat_kv,qfold")
+    p.add_argument("--prefill", type=int, metavar="Q_LEN", default=None,
+                   help="build prefill steps of Q_LEN prompt tokens per call instead of decode steps")
     p.add_argument("--ship", action="store_true", help="write the analyses into --ship-dir")
     p.add_argument("--every-shipped", action="store_true", help="rebuild and ship every file of analyzer/shipped/")
     p.add_argument("--ship-dir", type=Path, default=SHIPPED_DIR)
@@ -76,19 +80,22 @@ def main(argv: list[str] | None = None) -> int:
         if not wanted:
             p.error(f"{SHIPPED_DIR} holds no analysis named by the convention")
     else:
-        wanted = [ShippedAnalysis(DEFAULT_PRESET, v, DEFAULT_KV_MODE, DEFAULT_CTX, Path(), a.compression)
+        wanted = [ShippedAnalysis(DEFAULT_PRESET, v, DEFAULT_KV_MODE, DEFAULT_CTX, Path(), a.compression,
+                                  "prefill" if a.prefill else "decode", a.prefill or 1)
                   for v in a.variants.split(",")]
     machine = {"cpu_count": os.cpu_count(), "memory_bytes": psutil.virtual_memory().total}
     results: dict[str, dict] = defaultdict(lambda: {"machine": machine})
     for s in wanted:
         row, analysis = build_one(s, a.builds_dir)
-        stem = "full_size" + (f"-{s.compression}" if s.compression else "")
+        stem = "full_size" + (f"-prefill{s.q_len}" if s.phase == "prefill" else "") + \
+            (f"-{s.compression}" if s.compression else "")
         if s.preset != DEFAULT_PRESET or (s.kv_mode, s.ctx) != (DEFAULT_KV_MODE, DEFAULT_CTX):
             stem += f"-{s.preset}-{s.kv_mode}-ctx{s.ctx}"
         results[stem][s.variant] = row
         if a.ship or a.every_shipped:
             a.ship_dir.mkdir(parents=True, exist_ok=True)
-            dest = a.ship_dir / shipped_name(s.preset, s.variant, s.kv_mode, s.ctx, s.compression)
+            dest = a.ship_dir / shipped_name(s.preset, s.variant, s.kv_mode, s.ctx, s.compression,
+                                             s.q_len if s.phase == "prefill" else None)
             write_analysis(dest, analysis)
             print(dest)
     a.results_dir.mkdir(parents=True, exist_ok=True)

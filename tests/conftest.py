@@ -1,6 +1,7 @@
 """Shared fixtures: real conversions, made once per test session in a temporary builds folder.
 
-tiny: 2 layers of the default preset's attention geometry at ctx 256 (~10 s a build).
+tiny: 2 layers of the default preset's attention geometry at ctx 256 (~10 s a build); tiny_phase_builds: the same
+as decode+prefill packages.
 structure: the default preset's 30 layers and attention geometry at ctx 4096 with small hidden/vocab sizes
 (same tiles and tile bytes as full size in ~1 min and ~1 GB a build: docs/measurements.md).
 
@@ -47,6 +48,18 @@ def _pair(root: Path, overrides, ctx: int) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_builds(builds_root) -> dict[str, Path]:
     return _pair(builds_root, TINY_OVERRIDES, TINY_CTX)
+
+
+TINY_Q_LEN = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_phase_builds(builds_root) -> dict[str, Path]:
+    """The tiny config as decode+prefill packages (two functions, shared weights; prefill of 64 tokens), per
+    variant. Their decode equivalence check is the tiny pair's, reused from the cache."""
+    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    return {v: run_build(BuildSpec(source, v, "state", TINY_CTX, phase="decode+prefill", q_len=TINY_Q_LEN),
+                         builds_root).path for v in ("repeat_kv", "qfold")}
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
 from analyzer.report.catalog import SHIPPED_DIR, shipped_files, shipped_name
 
 
-def _shipped(variant, compression=None):
-    path = SHIPPED_DIR / shipped_name(DEFAULT_PRESET, variant, "state", 4096, compression)
+def _shipped(variant, compression=None, q_len=None):
+    path = SHIPPED_DIR / shipped_name(DEFAULT_PRESET, variant, "state", 4096, compression, q_len)
     assert path.is_file(), f"missing shipped analysis {path.name}"
     return read_analysis_file(path)
 
@@ -41,14 +41,16 @@ def shipped():
 
 def test_every_shipped_file_loads_as_the_current_schema():
     files = shipped_files()
-    assert {(s.variant, s.compression) for s in files} == {("repeat_kv", None), ("qfold", None),
-                                                           ("repeat_kv", "top8"), ("qfold", "top8")}
+    assert {(s.variant, s.compression, s.phase) for s in files} == {
+        ("repeat_kv", None, "decode"), ("qfold", None, "decode"), ("repeat_kv", "top8", "decode"),
+        ("qfold", "top8", "decode"), ("repeat_kv", None, "prefill"), ("qfold", None, "prefill")}
     for s in files:
         doc = json.loads(s.path.read_text())
         assert doc["schema_version"] == SCHEMA_VERSION, s.path.name
         a = read_analysis_file(s.path)
         assert a.migrated_from is None and a.build is not None
         assert (a.build.spec.variant, a.build.spec.kv_mode, a.build.spec.ctx) == (s.variant, s.kv_mode, s.ctx)
+        assert (a.build.spec.phase, a.build.spec.q_len) == (s.phase, s.q_len)
         assert a.build.spec.source.label == s.preset
         assert (a.build.spec.compression is None) == (s.compression is None)
         assert s.path.stat().st_size < 5 * 2**20  # no weights, no package
@@ -150,5 +152,29 @@ def test_weight_charge_is_a_stated_option_of_the_account(shipped):
 
 def test_shipped_names_follow_the_catalog():
     for s in shipped_files():
-        assert s.path.name == shipped_name(s.preset, s.variant, s.kv_mode, s.ctx, s.compression)
+        q_len = s.q_len if s.phase == "prefill" else None
+        assert s.path.name == shipped_name(s.preset, s.variant, s.kv_mode, s.ctx, s.compression, q_len)
     assert Path(SHIPPED_DIR).is_dir()
+
+
+def test_shipped_prefill_pair_folds_without_rank_5_and_costs_the_decode_flops_per_prompt_token(shipped):
+    """Full-size EXAONE prefill of 64 prompt tokens per call: repeat_kv keeps its 60 tiles (the same 16 MiB each:
+    the whole static cache is replicated once per call), Q-fold has none and no op of rank > 4; per prompt token
+    the matmuls cost what a decode token's do, except the lm_head (the last row only: ÷ 64)."""
+    rkv, qf = _shipped("repeat_kv", q_len=64), _shipped("qfold", q_len=64)
+    assert (rkv.call.phase, rkv.call.tokens_per_call) == ("prefill", 64)
+    assert rkv.summary.kv_replication_tiles == 60 and rkv.summary.tile_output_bytes == 1_006_632_960
+    assert qf.summary.kv_replication_tiles == 0
+    assert max(len(t.shape) for op in qf.program.ops for t in op.outputs) == 4
+    assert rkv.bytes_per_token.replication - qf.bytes_per_token.replication == 2_013_265_920  # the copies, per call
+    # Q-fold's mask has G·N rows for the merged axis: each layer's mask add reads G × the [1,1,64,4096] fp16 rows,
+    # and the one mask tile reads the host's mask and writes the G·N rows: +49.8 MB, 2.5% of the copies removed
+    g, n, s = 4, 64, 4096
+    extra = qf.bytes_per_token.activations - rkv.bytes_per_token.activations
+    assert extra == 30 * (g - 1) * n * s * 2 + n * s * 2 + g * n * s * 2 == 49_807_360
+    decode = shipped["qfold"].flops.per_token()
+    for a in (rkv, qf):
+        f = a.flops.per_token()
+        assert (f.projections, f.ffn, f.attention_scores) == (decode.projections, decode.ffn, decode.attention_scores)
+        assert f.lm_head == round(decode.lm_head / 64)
+    assert rkv.build.equivalence.phase == "prefill" and rkv.build.equivalence.steps == 128

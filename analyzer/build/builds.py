@@ -64,8 +64,11 @@ class BuildSpec:
     ctx: int = 4096
     compression: str | None = None  # canonical compression spec text (analyzer.build.compress), None = fp16
     equivalence_steps: int = DEFAULT_EQUIVALENCE_STEPS
+    phase: str = "decode"  # what a call does: decode | prefill | decode+prefill (one package, two functions)
+    q_len: int = 1  # prompt tokens per prefill call; 1 for decode
 
     def __post_init__(self) -> None:
+        from analyzer.model.prefill import BUILD_PHASES
         from analyzer.model.variants import get_variant
 
         get_variant(self.variant)
@@ -75,10 +78,20 @@ class BuildSpec:
             raise QfoldError(f"--ctx {self.ctx!r}: must be a positive integer")
         if not 1 <= self.equivalence_steps <= self.ctx:
             raise QfoldError(f"equivalence steps {self.equivalence_steps}: must be between 1 and ctx={self.ctx}")
+        if self.phase not in BUILD_PHASES:
+            raise QfoldError(f"--phase {self.phase!r}: choose one of {', '.join(BUILD_PHASES)}")
+        if isinstance(self.q_len, bool) or not isinstance(self.q_len, int):
+            raise QfoldError(f"--q-len {self.q_len!r}: must be an integer")
+        if self.phase == "decode" and self.q_len != 1:
+            raise QfoldError(f"--q-len {self.q_len}: a decode build runs one token per call; "
+                             "use --phase prefill or decode+prefill for q_len > 1")
+        if self.phase != "decode" and not 2 <= self.q_len <= self.ctx:
+            raise QfoldError(f"--q-len {self.q_len}: a prefill call takes 2 to ctx={self.ctx} prompt tokens")
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything that changes the converted model or its analysis."""
-        return {
+        """Everything that changes the converted model or its analysis (a decode build's is what it was before
+        prefill existed, so its key is unchanged)."""
+        out = {
             "source": self.source.fingerprint(),
             "variant": self.variant,
             "kv_mode": self.kv_mode,
@@ -89,18 +102,24 @@ class BuildSpec:
             "compute_precision": "fp16",
             "versions": tool_versions(),
         }
+        if self.phase != "decode":
+            out.update(phase=self.phase, q_len=self.q_len)
+        return out
 
     @property
     def key(self) -> str:
         digest = hashlib.sha256(json.dumps(self.fingerprint(), sort_keys=True).encode()).hexdigest()[:10]
         parts = [self.source.label, self.variant, self.kv_mode, f"ctx{self.ctx}"]
+        if self.phase != "decode":
+            parts.append(phase_label(self.phase, self.q_len))
         if self.compression:
             parts.append(_compression_label(self.compression, self.source.config_dict.get("num_hidden_layers", 0)))
         return "-".join([*parts, digest])
 
     def stored(self) -> StoredSpec:
         """The spec as a build's analysis stores it."""
-        return StoredSpec(self.source, self.variant, self.kv_mode, self.ctx, self.compression, self.equivalence_steps)
+        return StoredSpec(self.source, self.variant, self.kv_mode, self.ctx, self.compression, self.equivalence_steps,
+                          phase=self.phase, q_len=self.q_len)
 
     def to_json(self) -> dict[str, Any]:
         return self.stored().to_json()
@@ -108,7 +127,18 @@ class BuildSpec:
     @classmethod
     def from_json(cls, d: Any, where: str = "build request") -> BuildSpec:
         s = StoredSpec.from_json(Field(d, where))
-        return cls(s.source, s.variant, s.kv_mode, s.ctx, s.compression, s.equivalence_steps)
+        return cls(s.source, s.variant, s.kv_mode, s.ctx, s.compression, s.equivalence_steps, s.phase, s.q_len)
+
+    def for_phase(self, phase: str) -> BuildSpec:
+        """The single-phase spec of one function of this build (``decode`` or ``prefill``)."""
+        from dataclasses import replace
+
+        return replace(self, phase=phase, q_len=1 if phase == "decode" else self.q_len)
+
+
+def phase_label(phase: str, q_len: int) -> str:
+    """``prefill64`` / ``decode+prefill64``: a build key's phase part (decode builds have none)."""
+    return f"{phase}{q_len}"
 
 
 def _compression_label(canonical: str, num_layers: int) -> str:
@@ -277,14 +307,16 @@ def reanalyze(path: str | Path) -> Analysis:
     from dataclasses import replace
 
     from analyzer.graph.mil import read_program
+    from analyzer.graph.record import function_analysis_files
 
     p = Path(path)
     file = p / ANALYSIS_FILE if p.is_dir() else p
-    old = read_analysis_file(file)
     package = file.parent / PACKAGE_NAME
-    if p.is_dir() and package.is_dir():
-        fresh = replace(old, program=replace(read_program(package), path=PACKAGE_NAME))
-    else:
-        fresh = old
-    write_analysis(file, fresh)
+    for f in function_analysis_files(p) if p.is_dir() else (file,):  # every function of a multi-function build
+        old = read_analysis_file(f)
+        if p.is_dir() and package.is_dir():
+            fresh = replace(old, program=replace(read_program(package, old.function), path=PACKAGE_NAME))
+        else:
+            fresh = old
+        write_analysis(f, fresh)
     return read_analysis_file(file)

@@ -34,7 +34,7 @@ from analyzer.build.builds import (
 )
 from analyzer.errors import BuildError, QfoldError
 from analyzer.fsio import read_json, write_json_atomic
-from analyzer.graph.record import ANALYSIS_FILE, Analysis, write_analysis
+from analyzer.graph.record import ANALYSIS_FILE, Analysis, function_analysis_file, write_analysis
 
 _T0 = time.monotonic()
 _LOG: list[str] = []
@@ -68,14 +68,18 @@ def check_numpy() -> None:
 
 
 def ct_io(step):
+    """Core ML inputs, states and outputs of a decode step (q_len 1) or a prefill step (q_len N: ``input_ids``
+    ``[1, N]``, ``causal_mask`` ``[1, 1, N, S]``, or ``[1, 1, N, S + N]`` with the cache as inputs)."""
     import coremltools as ct
     import numpy as np
 
     g = step.geometry
+    n = getattr(step, "q_len", 1)
     cache_shape = (1, g.num_kv_heads, step.ctx, g.head_dim)
-    inputs = [ct.TensorType(name="input_ids", shape=(1, 1), dtype=np.int32),
+    mask_width = step.ctx + (n if n > 1 and step.kv_mode == "input" else 0)
+    inputs = [ct.TensorType(name="input_ids", shape=(1, n), dtype=np.int32),
               ct.TensorType(name="current_pos", shape=(1,), dtype=np.int32),
-              ct.TensorType(name="causal_mask", shape=(1, 1, 1, step.ctx), dtype=np.float16)]
+              ct.TensorType(name="causal_mask", shape=(1, 1, n, mask_width), dtype=np.float16)]
     names = [f"{kv}_cache_{i}" for i in range(g.num_layers) for kv in "kv"]
     outputs = [ct.TensorType(name="logits", dtype=np.float16)]
     if step.kv_mode == "state":
@@ -88,14 +92,17 @@ def ct_io(step):
 
 
 def convert_step(step, keep_duplicate_consts: bool = False):
-    """Trace the decode step and convert it to an iOS18 ML Program (fp16 compute). Returns the MLModel."""
+    """Trace the decode (or prefill) step and convert it to an iOS18 ML Program (fp16 compute). Returns the
+    MLModel."""
     import coremltools as ct
     import torch
 
     from analyzer.model.decode import example_inputs
+    from analyzer.model.prefill import PrefillStep, example_prefill_inputs
 
+    example = example_prefill_inputs(step) if isinstance(step, PrefillStep) else example_inputs(step)
     with torch.no_grad():
-        traced = torch.jit.trace(step, example_inputs(step), check_trace=False)
+        traced = torch.jit.trace(step, example, check_trace=False)
     for name, buf in traced.named_buffers():  # tracing ran one step: empty the cache again
         if "_cache_" in name:
             buf.zero_()
@@ -122,7 +129,7 @@ def _equivalence(spec: BuildSpec, model, cache_dir: Path | None):
 
     from analyzer.graph.buildinfo import equivalence_from_json, equivalence_json
     from analyzer.graph.jsonfields import Field
-    from analyzer.model.equivalence import check_equivalence
+    from analyzer.model.equivalence import check_equivalence, check_prefill_equivalence, prefill_tokens
 
     fingerprint = {k: v for k, v in spec.fingerprint().items() if k not in ("variant", "compression")}
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
@@ -135,22 +142,86 @@ def _equivalence(spec: BuildSpec, model, cache_dir: Path | None):
         else:
             emit(0.10, "equivalence", f"reusing the equivalence check of this source ({cached.name})")
             return report
-    emit(0.10, "equivalence", f"decoding {spec.equivalence_steps} tokens with every variant in fp32 and fp16")
-    report = check_equivalence(model, spec.kv_mode, spec.ctx, spec.equivalence_steps)
+    if spec.phase == "prefill":
+        emit(0.10, "equivalence", f"prefilling {prefill_tokens(spec.ctx, spec.q_len)} prompt tokens in calls of "
+             f"{spec.q_len} with every variant in fp32 and fp16")
+        report = check_prefill_equivalence(model, spec.kv_mode, spec.ctx, spec.q_len)
+    else:
+        emit(0.10, "equivalence", f"decoding {spec.equivalence_steps} tokens with every variant in fp32 and fp16")
+        report = check_equivalence(model, spec.kv_mode, spec.ctx, spec.equivalence_steps)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(cached, equivalence_json(report))
     return report
 
 
-def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None) -> Analysis:
-    """Do the work of one build into ``out_dir``; returns its analysis."""
+def make_step(model, spec: BuildSpec, phase: str):
+    """The torch step one function of ``spec`` converts: a decode step, or a prefill step of ``spec.q_len``."""
+    from analyzer.model.decode import DecodeStep
+    from analyzer.model.prefill import PrefillStep
+
+    if phase == "prefill":
+        return PrefillStep(model, spec.ctx, spec.variant, spec.kv_mode, spec.q_len).eval()
+    return DecodeStep(model, spec.ctx, spec.variant, spec.kv_mode).eval()
+
+
+def save_functions(parts: list[tuple[str, Path]], pkg: Path, default: str) -> None:
+    """Merge single-function packages into one multi-function package (``coremltools.utils.MultiFunctionDescriptor``
+    + ``save_multifunction``, coremltools 9.0, iOS18): function ``name`` is the ``main`` of its part. Weights of equal
+    value are stored once (save_multifunction deduplicates consts across functions by value), so the decode and
+    prefill functions of one model share every weight blob."""
+    import coremltools as ct
+
+    desc = ct.utils.MultiFunctionDescriptor()
+    for name, path in parts:
+        desc.add_function(str(path), "main", name)  # (model_path, src_function_name, target_function_name)
+    desc.default_function_name = default
+    ct.utils.save_multifunction(desc, str(pkg))
+
+
+def _convert_phases(spec: BuildSpec, model, plan, untied: bool, pkg: Path, timed) -> None:
+    """Convert (and compress) every function of ``spec`` and save the package at ``pkg``: one function, or for
+    ``decode+prefill`` the decode and prefill steps merged into one package with shared weights."""
+    from analyzer.model.prefill import phases_of
+
+    phases = phases_of(spec.phase)
+    parts: list[tuple[str, Path]] = []
+    for i, phase in enumerate(phases):
+        suffix = "" if len(phases) == 1 else f"_{phase}"
+        share = 0.55 / len(phases)
+        step = make_step(model, spec, phase)
+        rows = "" if phase == "decode" else f", {spec.q_len} prompt tokens per call"
+        emit(0.20 + i * share, "convert", f"tracing and converting the {phase} step ({spec.variant}, KV as "
+             f"{spec.kv_mode}, ctx {spec.ctx}{rows})")
+        mlmodel = timed(f"convert{suffix}_s", convert_step, step, keep_duplicate_consts=untied)
+        del step
+        if plan is not None:
+            from analyzer.build.compress import compress_model
+
+            emit(0.20 + (i + 0.7) * share, "compress", f"compressing weights: {spec.compression}")
+            mlmodel = timed(f"compress{suffix}_s", compress_model, mlmodel, plan)
+        target = pkg if len(phases) == 1 else pkg.parent / f".{phase}.mlpackage"
+        emit(0.20 + (i + 0.9) * share, "save", f"saving the {phase} .mlpackage")
+        timed(f"save{suffix}_s", mlmodel.save, str(target))
+        del mlmodel
+        parts.append((phase, target))
+    if len(parts) > 1:
+        emit(0.85, "save", f"merging {' and '.join(phases)} into one package (weights stored once)")
+        timed("merge_s", save_functions, parts, pkg, phases[0])
+        for _, part in parts:
+            shutil.rmtree(part)
+
+
+def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None) -> tuple[Analysis, ...]:
+    """Do the work of one build into ``out_dir``; returns one analysis per function of its package, the
+    default function first (a ``decode+prefill`` build: decode, then prefill)."""
     import torch
 
     from analyzer.build.equivalence import interpreter_check, interpreter_reference, torch_check
     from analyzer.graph.buildinfo import BuildInfo
-    from analyzer.graph.mil import read_program
-    from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
+    from analyzer.graph.mil import list_functions, read_program
+    from analyzer.model.decode import build_model, untie_embeddings_
+    from analyzer.model.prefill import phases_of
     from analyzer.model.sources import geometry_of, load_config
 
     check_numpy()
@@ -169,7 +240,9 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
     emit(0.02, "model", f"building {src.label} ({weights}, {geometry.num_layers} layers, "
          f"{geometry.num_q_heads}/{geometry.num_kv_heads} heads)")
     model = timed("build_model_s", build_model, src)
-    equivalence = timed("equivalence_s", _equivalence, spec, model, equivalence_cache)
+    phases = phases_of(spec.phase)
+    equivalence = {p: timed("equivalence_s" if len(phases) == 1 else f"equivalence_{p}_s", _equivalence,
+                            spec.for_phase(p), model, equivalence_cache) for p in phases}
     plan = None
     untied = False
     if spec.compression:
@@ -179,26 +252,22 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
         if needs_untie(plan) and untie_embeddings_(model):
             untied = True
             emit(0.18, "compress", "embedding and lm_head get different precisions: untied them")
-    step = DecodeStep(model, spec.ctx, spec.variant, spec.kv_mode).eval()
-    emit(0.20, "convert", f"tracing and converting ({spec.variant}, KV as {spec.kv_mode}, ctx {spec.ctx})")
-    mlmodel = timed("convert_s", convert_step, step, keep_duplicate_consts=untied)
-    reference = timed("reference_s", interpreter_reference, model, spec, list(equivalence.tokens))
-    del step, model
-    if plan is not None:
-        from analyzer.build.compress import compress_model
-
-        emit(0.75, "compress", f"compressing weights: {spec.compression}")
-        mlmodel = timed("compress_s", compress_model, mlmodel, plan)
-    emit(0.90, "save", "saving the .mlpackage")
+    decode_tokens = list(equivalence["decode"].tokens) if "decode" in equivalence else []
+    reference = (timed("reference_s", interpreter_reference, model, spec.for_phase("decode"), decode_tokens)
+                 if decode_tokens else None)  # torch fp16 logits for the interpreter check, before the model goes
     pkg = out_dir / PACKAGE_NAME
-    timed("save_s", mlmodel.save, str(pkg))
-    del mlmodel
+    _convert_phases(spec, model, plan, untied, pkg, timed)
+    del model
     emit(0.95, "walk", "walking the saved MIL program")
-    program = replace(timed("walk_s", read_program, pkg), path=PACKAGE_NAME)
-    emit(0.97, "check", "running the package in the MIL interpreter against torch")
+    programs = timed("walk_s", lambda: [replace(read_program(pkg, fn), path=PACKAGE_NAME)
+                                        for fn in list_functions(pkg)])
     stored = spec.stored()
-    checks = (torch_check(equivalence, stored),
-              timed("interpreter_check_s", interpreter_check, pkg, spec, list(equivalence.tokens), reference))
+    checks = {p: (torch_check(equivalence[p], stored),) for p in phases}
+    if "decode" in checks:
+        emit(0.97, "check", "running the decode function in the MIL interpreter against torch")
+        function = "decode" if len(phases) > 1 else None
+        checks["decode"] += (timed("interpreter_check_s", interpreter_check, pkg, spec.for_phase("decode"),
+                                   decode_tokens, reference, function),)
     info = BuildInfo(
         key=spec.key,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -208,11 +277,12 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
         timings_s=timings,
         peak_rss_bytes=peak_rss_bytes(),
         package_bytes=sum(f.stat().st_size for f in pkg.rglob("*") if f.is_file()),
-        equivalence=equivalence,
+        equivalence=equivalence[phases[0]],
         untied_embeddings=untied,
-        checks=checks,
+        checks=checks[phases[0]],
     )
-    return Analysis(program, info)
+    return tuple(Analysis(p, replace(info, equivalence=equivalence[stored.phase_of(p.function)],
+                                     checks=checks[stored.phase_of(p.function)])) for p in programs)
 
 
 class _QueueEntry:
@@ -258,10 +328,11 @@ def run(request: Path, root: Path) -> int:
                 tmp = root / f".tmp-{key}-{os.getpid()}"
                 tmp.mkdir()
                 try:
-                    analysis = build(spec, tmp, root / ".equivalence")
-                    info = analysis.build
-                    timings = {**info.timings_s, "total_s": round(time.monotonic() - _T0, 3)}
-                    write_analysis(tmp / ANALYSIS_FILE, replace(analysis, build=replace(info, timings_s=timings)))
+                    analyses = build(spec, tmp, root / ".equivalence")
+                    timings = {**analyses[0].build.timings_s, "total_s": round(time.monotonic() - _T0, 3)}
+                    for a in analyses:  # analysis.json for the default function, one file for each other one
+                        name = ANALYSIS_FILE if a is analyses[0] else function_analysis_file(a.function)
+                        write_analysis(tmp / name, replace(a, build=replace(a.build, timings_s=timings)))
                     (tmp / LOG_FILE).write_text("\n".join(_LOG) + "\n")
                     os.rename(tmp, final)  # the one step that makes the build look finished
                 except BaseException:

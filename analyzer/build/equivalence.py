@@ -51,7 +51,7 @@ def torch_check(report: EquivalenceReport, spec: StoredSpec) -> EquivalenceCheck
             f"the torch models are uncompressed: this says nothing about the {compressed} weights this "
             "package stores (see the interpreter check)")
     return EquivalenceCheck(
-        "torch_variants", "repeat_kv vs qfold decode steps, fp16 (and fp32) torch",
+        "torch_variants", f"repeat_kv vs qfold, {report.what}, fp16 (and fp32) torch",
         f"uncompressed torch model, {_weights_text(spec.source)}", report.steps, fp16 is not None,
         max_abs_diff=None if fp16 is None else fp16.max_abs_diff,
         max_abs_value=report.reference.max_abs_logit or None,
@@ -93,8 +93,9 @@ def interpreter_reference(model, spec, tokens: list[int]):
     return run_decode(step, tokens[:INTERPRETER_CHECK_STEPS], torch.float16).float().numpy()
 
 
-def interpreter_check(package, spec, tokens: list[int], reference) -> EquivalenceCheck:
-    """The saved package run in the MIL interpreter on the torch check's tokens vs torch fp16 logits."""
+def interpreter_check(package, spec, tokens: list[int], reference, function: str | None = None) -> EquivalenceCheck:
+    """The saved package (its decode ``function``; default: its only one) run in the MIL interpreter on the torch
+    check's tokens vs torch fp16 logits."""
     import numpy as np
 
     from analyzer.errors import QfoldError
@@ -112,7 +113,7 @@ def interpreter_check(package, spec, tokens: list[int], reference) -> Equivalenc
     from analyzer.graph.interpret import decode_steps, load_program
 
     try:
-        run = decode_steps(load_program(package), steps, tokens=np.asarray(tokens[:steps]).reshape(steps, 1))
+        run = decode_steps(load_program(package, function), steps, tokens=np.asarray(tokens[:steps]).reshape(steps, 1))
     except QfoldError as e:
         return EquivalenceCheck("interpreter_vs_torch", compared, weights, steps, False, note=str(e))
     ours = np.stack([o["logits"].reshape(-1).astype(np.float32) for o in run.outputs])

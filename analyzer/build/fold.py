@@ -218,6 +218,10 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
                  on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
     """The ``repeat_kv+fold`` build of ``spec`` (a ``repeat_kv`` spec): convert (or reuse) the repeat_kv build,
     fold its package, prove the fold in the interpreter, and write a build folder beside it."""
+    if spec.phase != "decode":
+        raise FoldError(f"--phase {spec.phase}: a {FOLD_VARIANT} build folds the decode step only; build the "
+                        f"prefill package with --variant {FOLD_BASE_VARIANT} and fold it with "
+                        "`python -m analyzer fold` (the pass handles q_len > 1; the interpreter's proof runs decode)")
     t0 = time.monotonic()
     root = builds_dir(root)
     key = folded_build_key(spec)

@@ -2,11 +2,13 @@
 
 Contract (scripts depend on these names):
   build --model M --variant {repeat_kv,qfold,repeat_kv+fold} [--kv {state,input}] [--ctx N] [--set K=V ...]
-        [--compression SPEC]          last stdout line: the build folder
+        [--compression SPEC] [--phase {decode,prefill,decode+prefill}] [--q-len N]
+                                      last stdout line: the build folder
   inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}]
                                           PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}]
-  graph A [B] [--layer N|outside] --out FILE.svg|FILE.dot [--no-collapse]   last stdout line: the file written
+  graph A [B] [--layer N|outside] [--function NAME] --out FILE.svg|FILE.dot [--no-collapse]
+                                      last stdout line: the file written
   fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
   run PKG --inputs IN.npz --out OUT.npz [--states S.npz] [--function NAME]
       (or --steps N [--input-spec SPEC.json] [--seed S] instead of --inputs: N seeded decode steps)

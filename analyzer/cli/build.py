@@ -1,4 +1,5 @@
-"""``build``: convert a model's decode step with one attention variant (child process, cached)."""
+"""``build``: convert a model's decode step, prefill step or both with one attention variant (child process,
+cached)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from analyzer.cli.common import positive_int
 
 def add_parser(sub) -> None:
     from analyzer.build.fold import FOLD_VARIANT
+    from analyzer.model.prefill import BUILD_PHASES, DEFAULT_Q_LEN
     from analyzer.model.sources import DEFAULT_PRESET, preset_names
     from analyzer.model.variants import KV_MODES, VARIANTS
 
@@ -30,6 +32,11 @@ def add_parser(sub) -> None:
                         "(same tiles and tile bytes, ~20x faster)")
     p.add_argument("--compression", metavar="SPEC",
                    help="weight compression: a preset (base, top8, top12) or a spec; see `compression --help`")
+    p.add_argument("--phase", default="decode", choices=BUILD_PHASES,
+                   help="what one call does: decode one token (default), prefill --q-len prompt tokens, or both "
+                        "as two functions of one package sharing their weights (decode+prefill)")
+    p.add_argument("--q-len", type=positive_int, metavar="N",
+                   help=f"prompt tokens per prefill call (default {DEFAULT_Q_LEN} with a prefill phase)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (no safetensors)")
     p.add_argument("--steps", type=positive_int, default=8, help="decode steps of the equivalence check")
     p.add_argument("--force-ctx", action="store_true",
@@ -43,6 +50,7 @@ def add_parser(sub) -> None:
 def cmd_build(args) -> int:
     from analyzer.build.builds import BuildSpec, run_build
     from analyzer.build.fold import FOLD_BASE_VARIANT, FOLD_VARIANT, build_folded
+    from analyzer.model.prefill import DEFAULT_Q_LEN
     from analyzer.model.sources import STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
 
     overrides = (list(STRUCTURE_OVERRIDES) if args.structure else []) + list(args.overrides)
@@ -53,7 +61,9 @@ def cmd_build(args) -> int:
 
         compression = canonical_spec(args.compression, geometry_of(load_config(source)).num_layers)
     folded = args.variant == FOLD_VARIANT
-    spec = BuildSpec(source, FOLD_BASE_VARIANT if folded else args.variant, args.kv, args.ctx, compression, args.steps)
+    q_len = args.q_len if args.q_len is not None else 1 if args.phase == "decode" else DEFAULT_Q_LEN
+    spec = BuildSpec(source, FOLD_BASE_VARIANT if folded else args.variant, args.kv, args.ctx, compression, args.steps,
+                     args.phase, q_len)
 
     def progress(p) -> None:
         print(f"[{p.fraction * 100:3.0f}%] {p.stage}: {p.message}", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""``diff``: A/B of two analyses: op-count deltas, tiles, bytes per token by category."""
+"""``diff``: A/B of two analyses: op-count deltas, tiles, bytes and FLOPs per token by category."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def diff_json(d: ABDiff) -> dict[str, Any]:
         "tile_bytes_removed": d.tile_bytes_removed,
         "bytes_per_token": {k: _change(c) for k, c in d.bytes_per_token.items()},
         "bytes_by_layer": [{"layer": r.layer, "a": r.a, "b": r.b, "delta": r.delta} for r in d.bytes_by_layer],
+        "flops_per_token": {k: _change(c) for k, c in d.flops_per_token.items()},
+        "flops_per_call": {k: _change(c) for k, c in d.flops_per_call.items()},
     }
 
 
@@ -44,8 +46,10 @@ def print_diff(d: ABDiff) -> None:
     print(fmt.table([(r.type, r.a, r.b, r.delta) for r in d.op_count_deltas], ("op type", "A", "B", "delta")))
     tc = d.tile_count
     print(f"\ntiles: {tc.a} → {tc.b}; tile output removed: {fmt.bytes_both(d.tile_bytes_removed)}")
-    print("\nbytes per decode token")
+    print("\nbytes per call (a decode call is one token)")
     print(fmt.table([(k, c.a, c.b, c.delta) for k, c in d.bytes_per_token.items()], ("category", "A", "B", "delta")))
+    print("\nFLOPs per token (per prompt token for a prefill call)")
+    print(fmt.table([(k, c.a, c.b, c.delta) for k, c in d.flops_per_token.items()], ("category", "A", "B", "delta")))
 
 
 def cmd_diff(args) -> int:

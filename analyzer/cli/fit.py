@@ -150,6 +150,10 @@ def _load_build_bytes(spec: str, label: str, path: str) -> GraphSource:
         analysis = load_analysis(path)
     except (OSError, QfoldError) as e:
         raise _ArgumentError(f"--build {spec!r}: {e}") from e
+    if analysis.call.phase != "decode":
+        raise _ArgumentError(f"--build {spec!r}: a {analysis.call.phase} analysis ({analysis.call.tokens_per_call} "
+                             "tokens per call); the bandwidth fit models decode steps: give a decode build, or the "
+                             "decode function of a decode+prefill build")
     total = analysis.bytes_per_token.total
     if total <= 0:
         raise _ArgumentError(f"--build {spec!r}: the build reports {total!r} bytes/token, not an int > 0")

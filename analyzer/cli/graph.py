@@ -25,7 +25,25 @@ def add_parser(sub) -> None:
                         "default 0")
     p.add_argument("--out", required=True, help="FILE.svg (needs Graphviz's dot) or FILE.dot")
     p.add_argument("--no-collapse", action="store_true", help="one node per op (no collapsed elementwise chains)")
+    p.add_argument("--function", metavar="NAME",
+                   help="the function to draw of a multi-function package or build (e.g. decode, prefill); required "
+                        "when A or B has several")
     p.set_defaults(func=cmd_graph)
+
+
+def one_program(path: str, function: str | None):
+    """The program to draw: ``function`` of ``path``, or its only function; several without ``--function`` is an
+    error naming them (a multi-function package never silently shows only one)."""
+    from analyzer.errors import QfoldError
+    from analyzer.graph.record import load_analyses, load_analysis
+
+    if function is not None:
+        return load_analysis(path, function).program
+    analyses = load_analyses(path)
+    if len(analyses) > 1:
+        names = ", ".join(a.function for a in analyses)
+        raise QfoldError(f"{path}: {len(analyses)} functions ({names}); pick one with --function")
+    return analyses[0].program
 
 
 def label_of(path: str) -> str:
@@ -38,7 +56,6 @@ def label_of(path: str) -> str:
 
 def cmd_graph(args) -> int:
     from analyzer.errors import QfoldError
-    from analyzer.graph.record import load_analysis
     from analyzer.report import graphview as gv
 
     out = Path(args.out)
@@ -50,8 +67,8 @@ def cmd_graph(args) -> int:
         raise QfoldError(f"--out {args.out}: Graphviz 'dot' is not installed (apt-get install graphviz); "
                          f"write {out.with_suffix('.dot')} instead")
     layer = gv.parse_layer(args.layer)
-    program_a = load_analysis(args.a).program
-    program_b = load_analysis(args.b).program if args.b else None
+    program_a = one_program(args.a, args.function)
+    program_b = one_program(args.b, args.function) if args.b else None
     view = gv.layer_view(program_a, program_b, layer, label_a=label_of(args.a),
                          label_b=label_of(args.b) if args.b else "B", collapse=not args.no_collapse)
     text = gv.render_view(view) if out.suffix.lower() == ".svg" else gv.view_dot(view)

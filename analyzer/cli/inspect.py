@@ -1,4 +1,4 @@
-"""``inspect``: op counts, tiles and bytes per token of a build, an analysis.json or any .mlpackage."""
+"""``inspect``: op counts, tiles, bytes and FLOPs per token of a build, an analysis.json or any .mlpackage."""
 
 from __future__ import annotations
 
@@ -41,6 +41,11 @@ def inspect_json(analysis: Analysis, path: str, with_ops: bool = False) -> dict[
         "bytes_by_layer": acc.by_layer(),
         "unruled_op_types": list(acc.unruled_op_types),
         "weight_charge": acc.weight_charge,
+        "function": analysis.function,
+        "phase": analysis.call.phase,
+        "tokens_per_call": analysis.call.tokens_per_call,
+        "tokens_per_call_from": analysis.call.how,
+        **analysis.flops.to_json(),  # flops_per_token (per prompt token for a prefill), flops_per_call, by layer
     }
     if acc.unsized:
         out["unsized_tensors"] = [u.to_json() for u in acc.unsized]
@@ -49,7 +54,8 @@ def inspect_json(analysis: Analysis, path: str, with_ops: bool = False) -> dict[
         out.update({k: build[k] for k in _BUILD_FIELDS})
         out["compression_report"] = analysis.compression.to_json()
     if with_ops:
-        out["ops"] = acc.op_rows()
+        flops = {r["index"]: r["total"] for r in analysis.flops.op_rows()}
+        out["ops"] = [{**r, "flops": flops[r["index"]]} for r in acc.op_rows()]
     return out
 
 
@@ -72,8 +78,15 @@ def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
                           t.output_bytes, t.kind) for t in s.tiles],
                         ("layer", "name", "input", "output", "dtype", "bytes", "kind")))
     b = acc.per_token().to_json()
-    print(f"\nbytes per decode token (weight charge: {acc.weight_charge})")
+    call = a.call
+    per = "decode token" if call.phase == "decode" else f"call ({call.tokens_per_call} prompt tokens)"
+    print(f"\nbytes per {per} (weight charge: {acc.weight_charge})")
     print(fmt.table([(k, b[k], fmt.mib(b[k])) for k in b], ("category", "bytes", "MiB")))
+    fc, ft = a.flops.per_call().to_json(), a.flops.per_token().to_json()
+    print(f"\nFLOPs per call and {call.per_token_label} (a multiply-add = 2; conventions: analyzer/graph/flops.py)")
+    print(fmt.table([(k, fc[k], ft[k]) for k in fc], ("category", "per call", "per token")))
+    if a.flops.unruled_op_types:
+        print(f"op types with no FLOP rule (counted 0): {', '.join(a.flops.unruled_op_types)}")
     if a.build is not None and a.compression.compressed_count:
         print(f"attention weights as stored: {a.compression.precision_text('attn')}")
     if acc.unruled_op_types:

@@ -1,15 +1,19 @@
-"""Device profiles: a named bandwidth for predictions, each with its source and what kind of figure it is.
+"""Device profiles: a named bandwidth (and, where a figure is published, a peak FLOP/s) for predictions, each
+with its source and what kind of figure it is.
 
-A profile is what a sweep's ``predicted_tok_per_s`` column divides by (tok/s ≈ BW ÷ bytes/token). Three kinds,
-never mixed up in a label:
+A profile is what a sweep's ``predicted_tok_per_s`` column divides by (tok/s ≈ BW ÷ bytes/token), and the two
+roofs of the roofline (:mod:`analyzer.device.roofline`: time per call = max(bytes ÷ BW, FLOPs ÷ peak)). Three
+kinds, never mixed up in a label, for each of the two figures:
 
 ``measured``   an engine's achieved bandwidth in a published benchmark (e.g. ANEMLL-Bench's Neural Engine runs)
 ``datasheet``  the SoC's peak DRAM bandwidth as the vendor announced it ("up to"); no engine reaches it alone
 ``assumed``    a model constant somebody chose (the write-up's 55,900 MB/s)
 
-The published figures live in ``examples/device_profiles.csv`` (one row per figure, each with its source, URL and
-the date it was read; see ``examples/README.md``); the write-up's constant comes from
-``analyzer.device.bandwidth.BANDWIDTH_PRESETS``. ``--profiles FILE`` reads another file of the same columns.
+The published figures live in ``examples/device_profiles.csv`` (one row per device and engine, each figure with
+its source, URL and the date it was read; see ``examples/README.md``); the write-up's constant comes from
+``analyzer.device.bandwidth.BANDWIDTH_PRESETS``. ``--profiles FILE`` reads another file of the same columns. The
+peak FLOP/s columns (``flops_per_s, flops_kind, flops_source, flops_url``) are optional: a file without them, or a
+row with ``flops_per_s`` empty, gives a profile with a bandwidth only (no compute roof).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from analyzer.errors import QfoldError
 ProfileKind = Literal["measured", "datasheet", "assumed"]
 PROFILE_KINDS: tuple[str, ...] = ("measured", "datasheet", "assumed")
 PROFILE_COLUMNS: tuple[str, ...] = ("key", "device", "unit", "kind", "bytes_per_s", "source", "url", "read_on", "note")
+# Optional: the engine's peak FLOP/s, with its own kind and source (a figure from another publication than the
+# bandwidth's).
+FLOPS_COLUMNS: tuple[str, ...] = ("flops_per_s", "flops_kind", "flops_source", "flops_url")
 EXAMPLE_PROFILES = Path(__file__).resolve().parents[2] / "examples" / "device_profiles.csv"
 DEFAULT_PROFILE = DEFAULT_BANDWIDTH_PRESET.key
 
@@ -47,10 +54,21 @@ class DeviceProfile:
     url: str = ""
     read_on: str = ""
     note: str = ""
+    flops_per_s: int | None = None  # peak FLOP/s of the engine; None: no published figure (no compute roof)
+    flops_kind: ProfileKind | None = None
+    flops_source: str = ""
+    flops_url: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.device}, {self.unit}: {self.bytes_per_s / 1e9:,.2f} GB/s ({self.kind})"
+        text = f"{self.device}, {self.unit}: {self.bytes_per_s / 1e9:,.2f} GB/s ({self.kind})"
+        if self.flops_per_s is not None:
+            text += f", {self.flops_per_s / 1e12:,.2f} TFLOP/s ({self.flops_kind})"
+        return text
+
+    @property
+    def has_compute_roof(self) -> bool:
+        return self.flops_per_s is not None
 
 
 def _writeup_profiles() -> dict[str, DeviceProfile]:
@@ -84,8 +102,26 @@ def parse_profiles(text: str, name: str) -> dict[str, DeviceProfile]:
         if not row["source"].strip():
             raise ProfileError(f"{name}:{line}, column 'source': every figure needs its source")
         out[key] = DeviceProfile(key, row["device"], row["unit"], row["kind"], int(text_bw),  # type: ignore[arg-type]
-                                 row["source"], row["url"], row["read_on"], row["note"])
+                                 row["source"], row["url"], row["read_on"], row["note"],
+                                 *_flops_fields(row, f"{name}:{line}"))
     return out
+
+
+def _flops_fields(row: dict[str, str], where: str) -> tuple[int | None, str | None, str, str]:
+    """The optional peak-FLOP/s columns of a row: all empty (or absent), or a figure with its kind and source."""
+    text = (row.get("flops_per_s") or "").strip()
+    if not text:
+        return None, None, "", ""
+    if not text.isdigit() or int(text) <= 0:
+        raise ProfileError(f"{where}, column 'flops_per_s', value {text!r}: a whole number of FLOP per second > 0 "
+                           "(no units, no separators), or empty for no compute roof")
+    kind = (row.get("flops_kind") or "").strip()
+    if kind not in PROFILE_KINDS:
+        raise ProfileError(f"{where}, column 'flops_kind', value {kind!r}: choose {', '.join(PROFILE_KINDS)}")
+    source = (row.get("flops_source") or "").strip()
+    if not source:
+        raise ProfileError(f"{where}, column 'flops_source': a peak FLOP/s figure needs its source")
+    return int(text), kind, source, (row.get("flops_url") or "").strip()
 
 
 def load_profiles(path: str | Path | None = None) -> Mapping[str, DeviceProfile]:

@@ -8,8 +8,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from analyzer.errors import AnalysisFileError
 from analyzer.graph.jsonfields import Field
 from analyzer.model.equivalence import EquivalenceReport, PairResult, ReferenceCheck
+from analyzer.model.prefill import BUILD_PHASES, MULTIFUNCTION_PHASE, PHASES
 from analyzer.model.sources import AttentionGeometry, ModelSource, WeightFile
 
 SOURCE_KINDS = ("preset", "config", "folder")
@@ -26,6 +28,8 @@ class StoredSpec:
     compression: str | None  # canonical compression spec; None = fp16
     equivalence_steps: int
     extra: dict[str, Any] = field(default_factory=dict)  # fields a newer qfold wrote, kept as written
+    phase: str = "decode"  # "decode" | "prefill" | "decode+prefill" (analyzer.model.prefill.BUILD_PHASES)
+    q_len: int = 1  # query rows per prefill call; 1 for a decode build
 
     def to_json(self) -> dict[str, Any]:
         s = self.source
@@ -37,6 +41,7 @@ class StoredSpec:
             "ctx": self.ctx,
             "compression": self.compression,
             "equivalence_steps": self.equivalence_steps,
+            **({} if self.phase == "decode" else {"phase": self.phase, "q_len": self.q_len}),
             **self.extra,
         }
 
@@ -55,9 +60,28 @@ class StoredSpec:
         source = ModelSource(kind=kind, ref=src["ref"].str(), label=src["label"].str(),  # type: ignore[arg-type]
                              config_json=json.dumps(config.value, sort_keys=True), overrides=src["overrides"].strs(),
                              weights=weights, seed=seed if seed is not None else 0)
-        known = ("source", "variant", "kv_mode", "ctx", "compression", "equivalence_steps")
+        known = ("source", "variant", "kv_mode", "ctx", "compression", "equivalence_steps", "phase", "q_len")
+        phase = f["phase"].str() if f.get("phase") is not None else "decode"
+        if phase not in BUILD_PHASES:
+            f["phase"].fail(f"expected one of {', '.join(BUILD_PHASES)}, got {phase!r}")
+        q_len = f["q_len"].count() if f.get("q_len") is not None else 1
         return cls(source, f["variant"].str(), f["kv_mode"].str(), f["ctx"].count(), f["compression"].opt_str(),
-                   f["equivalence_steps"].count(), {k: v.value for k, v in f.dict().items() if k not in known})
+                   f["equivalence_steps"].count(), {k: v.value for k, v in f.dict().items() if k not in known},
+                   phase, q_len)
+
+    def phase_of(self, function: str) -> str:
+        """What one function of the build does per call: a ``decode+prefill`` package names its functions after
+        their phases; a single-phase build's one function does the build's phase."""
+        if self.phase != MULTIFUNCTION_PHASE:
+            return self.phase
+        if function not in PHASES:
+            raise AnalysisFileError(f"a {MULTIFUNCTION_PHASE} build has functions {', '.join(PHASES)}, "
+                                    f"not {function!r}")
+        return function
+
+    def q_len_of(self, function: str) -> int:
+        """Query rows (tokens) per call of one function: ``q_len`` for the prefill function, 1 for decode."""
+        return self.q_len if self.phase_of(function) == "prefill" else 1
 
 
 def geometry_json(g: AttentionGeometry) -> dict[str, Any]:
@@ -75,7 +99,11 @@ def geometry_from_json(f: Field) -> AttentionGeometry:
 
 
 def equivalence_json(report: EquivalenceReport) -> dict[str, Any]:
-    return asdict(report)
+    """The report as JSON; a decode check is written without ``phase``/``q_len`` (as before prefill existed)."""
+    doc = asdict(report)
+    if report.phase == "decode":
+        del doc["phase"], doc["q_len"]
+    return doc
 
 
 def equivalence_from_json(f: Field) -> EquivalenceReport:
@@ -85,8 +113,12 @@ def equivalence_from_json(f: Field) -> EquivalenceReport:
     r = f["reference"]
     reference = ReferenceCheck(r["variant"].str(), r["max_abs_diff"].number(), r["max_abs_logit"].number(),
                                r["greedy_agree_steps"].count(), r["steps"].count())
+    phase = f["phase"].str() if f.get("phase") is not None else "decode"
+    if phase not in PHASES:
+        f["phase"].fail(f"expected one of {', '.join(PHASES)}, got {phase!r}")
+    q_len = f["q_len"].count() if f.get("q_len") is not None else 1
     return EquivalenceReport(f["kv_mode"].str(), f["ctx"].count(), f["steps"].count(), f["tokens"].ints(), pairs,
-                             reference)
+                             reference, phase, q_len)
 
 
 # What a build's equivalence checks compare (analyzer.build.equivalence makes them).

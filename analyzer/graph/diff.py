@@ -1,4 +1,4 @@
-"""A/B diff of two analyses: op counts, tiles, bytes per token by category and by layer.
+"""A/B diff of two analyses: op counts, tiles, bytes per token by category and by layer, FLOPs by category.
 
 :func:`figure_differences` lists every op count, tile and byte figure in which two analyses differ; the
 test that regenerates the shipped analyses (tests/test_shipped_regeneration.py) holds a regenerated file to
@@ -7,13 +7,15 @@ the committed one with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.flops import FLOP_CATEGORIES
 from analyzer.graph.record import Analysis
 from analyzer.graph.summary import TileRow
 
 BYTE_KEYS: tuple[str, ...] = (*CATEGORIES, "total", "kv_write_value_semantics")
+FLOP_KEYS: tuple[str, ...] = (*FLOP_CATEGORIES, "total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,8 @@ class ABDiff:
     tile_output_bytes: Change
     bytes_per_token: dict[str, Change]  # BYTE_KEYS → change (never mutated)
     bytes_by_layer: tuple[LayerChange, ...]
+    flops_per_token: dict[str, Change] = field(default_factory=dict)  # FLOP_KEYS → change (per prompt token
+    flops_per_call: dict[str, Change] = field(default_factory=dict)  # for a prefill; never mutated)
 
     @property
     def op_count_deltas(self) -> tuple[OpCountChange, ...]:
@@ -91,7 +95,13 @@ def diff_analyses(a: Analysis, b: Analysis) -> ABDiff:
         tile_output_bytes=Change(a.summary.tile_output_bytes, b.summary.tile_output_bytes),
         bytes_per_token={k: Change(ta.get(k), tb.get(k)) for k in BYTE_KEYS},
         bytes_by_layer=tuple(LayerChange(x, layers_a.get(x, 0), layers_b.get(x, 0)) for x in layers),
+        flops_per_token=_flop_changes(a.flops.per_token(), b.flops.per_token()),
+        flops_per_call=_flop_changes(a.flops.per_call(), b.flops.per_call()),
     )
+
+
+def _flop_changes(a, b) -> dict[str, Change]:
+    return {k: Change(a.get(k), b.get(k)) for k in FLOP_KEYS}
 
 
 def figure_differences(a: Analysis, b: Analysis) -> tuple[str, ...]:
@@ -106,6 +116,7 @@ def figure_differences(a: Analysis, b: Analysis) -> tuple[str, ...]:
         out.append(f"tiles: {len(d.tiles_a)} → {len(d.tiles_b)}"
                    + (f"; first differing: {changed[0][0]} → {changed[0][1]}" if changed else ""))
     out += [f"bytes per token {k}: {c.a:,} → {c.b:,}" for k, c in d.bytes_per_token.items() if c.delta]
+    out += [f"FLOPs per call {k}: {c.a:,} → {c.b:,}" for k, c in d.flops_per_call.items() if c.delta]
     la, lb = a.bytes_by_layer, b.bytes_by_layer
     if la != lb:
         out += [f"bytes of layer {x.layer}: {x} → {y}" for x, y in zip(la, lb, strict=False) if x != y]

@@ -23,6 +23,7 @@ and ignored on load.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -40,9 +41,11 @@ from analyzer.graph.accounting import (
 )
 from analyzer.graph.buildinfo import BuildInfo
 from analyzer.graph.compression import CompressionReport, compression_report
+from analyzer.graph.flops import FlopAccount, count_flops
 from analyzer.graph.jsonfields import Field
 from analyzer.graph.mil import list_functions, read_program
 from analyzer.graph.opfacts import derive_op_facts
+from analyzer.graph.phase import CallShape, call_shape
 from analyzer.graph.program import MilProgram
 from analyzer.graph.program_json import program_from_json, program_to_json
 from analyzer.graph.summary import ProgramSummary
@@ -75,6 +78,16 @@ class Analysis:
     @cached_property
     def compression(self) -> CompressionReport:
         return compression_report(self.program)
+
+    @cached_property
+    def call(self) -> CallShape:
+        """What one call does (decode one token / prefill N) and the tokens it consumes."""
+        return call_shape(self.program, self.build.spec if self.build else None)
+
+    @cached_property
+    def flops(self) -> FlopAccount:
+        """FLOPs per call and per token (per prompt token for a prefill), by category and layer."""
+        return count_flops(self.program, self.call.tokens_per_call)
 
     @property
     def bytes_per_token(self) -> BytesPerToken:
@@ -142,20 +155,49 @@ def is_analysis_path(path: str | Path) -> bool:
     return (p.is_dir() and (p / ANALYSIS_FILE).is_file()) or (p.is_file() and p.suffix == ".json")
 
 
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+
+
+def function_analysis_file(function: str) -> str:
+    """``analysis.<function>.json``: a build folder's analysis of a function other than its default one (a
+    multi-function build; the default function's is ``analysis.json``)."""
+    if not _FUNCTION_NAME.fullmatch(function):
+        raise AnalysisFileError(f"function name {function!r}: a build stores analyses of functions named with "
+                                "letters, digits and _ only")
+    return f"analysis.{function}.json"
+
+
+def function_analysis_files(folder: str | Path) -> tuple[Path, ...]:
+    """A build folder's analysis files: ``analysis.json`` (its default function) first, then one per other
+    function of a multi-function package, by name."""
+    p = Path(folder)
+    others = sorted(f for f in p.glob("analysis.*.json") if _FUNCTION_NAME.fullmatch(f.name[9:-5]))
+    return (p / ANALYSIS_FILE, *others)
+
+
 def load_analysis(path: str | Path, function: str | None = None,
                   weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> Analysis:
     """A build folder, an ``analysis.json``, or any ``.mlpackage`` (``function`` picks one function of a
-    multi-function package; None: its default function)."""
+    multi-function package or build; None: its default function)."""
     if is_analysis_path(path):
         analysis = read_analysis_file(path, weight_charge)
-        if function is not None and function != analysis.function:
-            raise AnalysisFileError(f"{analysis.file}: analyses function {analysis.function!r}, not {function!r}")
-        return analysis
+        if function is None or function == analysis.function:
+            return analysis
+        p = Path(path)
+        other = p / function_analysis_file(function) if p.is_dir() else None
+        if other is not None and other.is_file():
+            return read_analysis_file(other, weight_charge)
+        have = [a.function for a in load_analyses(path, weight_charge)] if p.is_dir() else [analysis.function]
+        raise AnalysisFileError(f"{analysis.file}: no function {function!r} (has {', '.join(have)})")
     return Analysis(read_program(path, function), weight_charge=weight_charge)
 
 
 def load_analyses(path: str | Path, weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> tuple[Analysis, ...]:
-    """Every function of a package (the default one first), or the one analysis of a file or build."""
+    """Every function of a package or a multi-function build (the default one first), or the one analysis of
+    an ``analysis.json``."""
+    p = Path(path)
+    if p.is_dir() and (p / ANALYSIS_FILE).is_file():
+        return tuple(read_analysis_file(f, weight_charge) for f in function_analysis_files(p))
     if is_analysis_path(path):
         return (read_analysis_file(path, weight_charge),)
     return tuple(Analysis(read_program(path, fn), weight_charge=weight_charge) for fn in list_functions(path))

@@ -29,6 +29,7 @@ from analyzer.errors import QfoldError
 from analyzer.graph.buildinfo import StoredSpec
 from analyzer.graph.mil import list_functions
 from analyzer.graph.record import Analysis, read_analysis_file
+from analyzer.model.prefill import MULTIFUNCTION_PHASE, PHASES, phases_of
 from analyzer.model.sources import DEFAULT_PRESET
 from analyzer.model.variants import KV_MODES
 from analyzer.report.compare import compression_name, size_mode
@@ -53,6 +54,8 @@ class ShippedAnalysis:
     ctx: int
     path: Path
     compression: str | None = None  # a compression preset name (analyzer.build.compress.PRESETS), None = fp16
+    phase: str = "decode"  # "prefill": a prefill build of q_len prompt tokens per call
+    q_len: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +69,15 @@ class RefFacts:
     compression: str  # "fp16", a preset name ("top8") or a canonical spec
     size: str  # "full size", "structure", "2 layers, structure", ...
     model_type: str | None = None
+    phase: str = "decode"  # "prefill", "decode+prefill", or one function of it: "decode+prefill: prefill"
+    q_len: int = 1  # prompt tokens per prefill call
 
     def label(self) -> str:
-        """``exaone-4.0-1.2b · qfold · ctx 4096 · top8 · full size · KV state``: what distinguishes, first."""
-        return " · ".join((self.model, self.variant, f"ctx {self.ctx}", self.compression, self.size,
+        """``exaone-4.0-1.2b · qfold · ctx 4096 · top8 · full size · KV state``: what distinguishes, first (a
+        prefill one says ``prefill 64`` after the ctx)."""
+        phase = () if self.phase == "decode" else (self.phase.replace(":", f" {self.q_len}:", 1) if ":" in self.phase
+                                                   else f"{self.phase} {self.q_len}",)
+        return " · ".join((self.model, self.variant, f"ctx {self.ctx}", *phase, self.compression, self.size,
                            f"KV {self.kv_mode}"))
 
 
@@ -89,9 +97,10 @@ class AnalysisRef:
     variant: str | None
     package_path: Path | None = None
     created: str = ""
-    spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression)
+    spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression, phase)
     function: str | None = None  # one function of a multi-function package; None: the only (or default) one
     facts: RefFacts | None = None
+    phase: str = "decode"  # what one call of the function does: "decode" | "prefill"
 
 
 def variant_names() -> tuple[str, ...]:
@@ -104,7 +113,7 @@ def _name_pattern() -> re.Pattern[str]:
     variants = "|".join(re.escape(v) for v in variant_names())
     kv = "|".join(re.escape(k) for k in KV_MODES)
     return re.compile(rf"^(?P<preset>.+)-(?P<variant>{variants})-(?P<kv>{kv})-ctx(?P<ctx>\d+)"
-                      rf"(?:-(?P<compression>{_compression_names()}))?$")
+                      rf"(?:-prefill(?P<q_len>\d+))?(?:-(?P<compression>{_compression_names()}))?$")
 
 
 def _compression_names() -> str:
@@ -113,9 +122,13 @@ def _compression_names() -> str:
     return "|".join(re.escape(n) for n in PRESETS)
 
 
-def shipped_name(preset: str, variant: str, kv_mode: str, ctx: int, compression: str | None = None) -> str:
-    """``exaone-4.0-1.2b-qfold-state-ctx4096-top8.analysis.json``: what a shipped file is, in its name."""
-    return f"{preset}-{variant}-{kv_mode}-ctx{ctx}" + (f"-{compression}" if compression else "") + SHIPPED_SUFFIX
+def shipped_name(preset: str, variant: str, kv_mode: str, ctx: int, compression: str | None = None,
+                 q_len: int | None = None) -> str:
+    """``exaone-4.0-1.2b-qfold-state-ctx4096-top8.analysis.json`` (a decode build) or
+    ``exaone-4.0-1.2b-qfold-state-ctx4096-prefill64.analysis.json`` (a prefill build of 64 prompt tokens per
+    call): what a shipped file is, in its name."""
+    return (f"{preset}-{variant}-{kv_mode}-ctx{ctx}" + (f"-prefill{q_len}" if q_len else "")
+            + (f"-{compression}" if compression else "") + SHIPPED_SUFFIX)
 
 
 def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
@@ -125,7 +138,9 @@ def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
     for path in sorted(folder.glob(f"*{SHIPPED_SUFFIX}")) if folder.is_dir() else []:
         m = pattern.match(path.name.removesuffix(SHIPPED_SUFFIX))
         if m:
-            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path, m["compression"]))
+            q_len = int(m["q_len"]) if m["q_len"] else None
+            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path, m["compression"],
+                                       "prefill" if q_len else "decode", q_len or 1))
     return out
 
 
@@ -134,7 +149,7 @@ def shipped_analyses(folder: Path = SHIPPED_DIR) -> dict[str, Path]:
     return {
         s.variant: s.path for s in shipped_files(folder)
         if s.preset == DEFAULT_PRESET and s.kv_mode == DEFAULT_KV_MODE and s.ctx == DEFAULT_CTX
-        and s.compression is None
+        and s.compression is None and s.phase == "decode"
     }
 
 
@@ -148,18 +163,24 @@ def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> Analysis:
 
 
 # ------------------------------------------------------------------------------------------------- catalog
-def spec_facts(spec: StoredSpec) -> RefFacts:
+def spec_facts(spec: StoredSpec, function: str | None = None) -> RefFacts:
+    """The facts of a build spec; for one ``function`` of a decode+prefill build, the phase that function does."""
+    phase = spec.phase_of(function) if function else spec.phase
     return RefFacts(model=spec.source.label, variant=spec.variant, ctx=spec.ctx, kv_mode=spec.kv_mode,
                     compression=compression_name(spec), size=size_mode(spec.source.overrides),
-                    model_type=spec.source.config_dict.get("model_type"))
+                    model_type=spec.source.config_dict.get("model_type"),
+                    phase=phase if phase == spec.phase else f"{spec.phase}: {phase}", q_len=spec.q_len)
 
 
-def describe_spec(spec: StoredSpec) -> str:
-    """``exaone-4.0-1.2b · repeat_kv · ctx 4096 · fp16 · 2 layers, structure · KV state`` from a build spec."""
-    return spec_facts(spec).label()
+def describe_spec(spec: StoredSpec, function: str | None = None) -> str:
+    """``exaone-4.0-1.2b · repeat_kv · ctx 4096 · fp16 · 2 layers, structure · KV state`` from a build spec (with
+    ``prefill 64`` or ``decode+prefill 64: decode`` after the ctx when the build is not a decode build)."""
+    return spec_facts(spec, function).label()
 
 
-def _spec_fields(spec: StoredSpec) -> tuple[tuple[str, Any], ...]:
+def _spec_fields(spec: StoredSpec, function: str) -> tuple[tuple[str, Any], ...]:
+    """What two analyses must share to be an A/B of one model: everything but the variant (the phase is that of
+    the function: a decode+prefill build's decode function pairs with a decode build)."""
     return (
         ("source", spec.source.label),
         ("overrides", tuple(spec.source.overrides)),
@@ -167,6 +188,8 @@ def _spec_fields(spec: StoredSpec) -> tuple[tuple[str, Any], ...]:
         ("kv_mode", spec.kv_mode),
         ("ctx", spec.ctx),
         ("compression", spec.compression),
+        ("phase", spec.phase_of(function)),
+        ("q_len", spec.q_len_of(function)),
     )
 
 
@@ -181,7 +204,7 @@ def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
     for s in shipped_files(folder):
         facts = RefFacts(model=s.preset, variant=s.variant, ctx=s.ctx, kv_mode=s.kv_mode,
                          compression=s.compression or "fp16", size="full size",
-                         model_type=_preset_model_type(s.preset))
+                         model_type=_preset_model_type(s.preset), phase=s.phase, q_len=s.q_len)
         out.append(AnalysisRef(
             id=f"shipped:{s.path.name.removesuffix(SHIPPED_SUFFIX)}",
             kind="shipped",
@@ -189,32 +212,59 @@ def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
             path=s.path,
             variant=s.variant,
             spec=(("source", s.preset), ("overrides", ()), ("kv_mode", s.kv_mode), ("ctx", s.ctx),
-                  ("compression", s.compression)),
+                  ("compression", s.compression), ("phase", s.phase), ("q_len", s.q_len)),
             facts=facts,
+            phase=s.phase,
         ))
     return out
 
 
 def build_refs(root: str | Path | None = None) -> list[AnalysisRef]:
+    """One ref per cached build, or per function of a multi-function (``decode+prefill``) build: a package with
+    several functions never shows as one."""
     out = []
     for a in list_builds(root):
         if a.build is None:
             continue
         path = build_folder(a)
         package = path / PACKAGE_NAME
-        facts = spec_facts(a.build.spec)
-        out.append(AnalysisRef(
-            id=f"build:{a.build.key}",
-            kind="build",
-            label=f"{facts.label()} · build {a.build.key.rsplit('-', 1)[-1]}",
-            path=path,
-            variant=a.build.spec.variant,
-            package_path=package if package.is_dir() else None,
-            created=a.build.created,
-            spec=_spec_fields(a.build.spec),
-            facts=facts,
-        ))
+        spec = a.build.spec
+        functions = phases_of(spec.phase) if spec.phase == MULTIFUNCTION_PHASE else (a.function,)
+        for fn in functions:
+            several = len(functions) > 1
+            facts = spec_facts(spec, fn)
+            out.append(AnalysisRef(
+                id=f"build:{a.build.key}" + (f"#{fn}" if several else ""),
+                kind="build",
+                label=f"{facts.label()} · build {a.build.key.rsplit('-', 1)[-1]}",
+                path=path,
+                variant=spec.variant,
+                package_path=package if package.is_dir() else None,
+                created=a.build.created,
+                spec=_spec_fields(spec, fn),
+                facts=facts,
+                function=fn if several else None,
+                phase=spec.phase_of(fn),
+            ))
     return out
+
+
+def phase_sibling(ref: AnalysisRef, phase: str, refs: Sequence[AnalysisRef]) -> AnalysisRef | None:
+    """The analysis of the same model and variant that does ``phase`` instead: the other function of a
+    multi-function build, else the newest build of the same spec in that phase (any q_len); ``ref`` itself when
+    it is that phase already."""
+    if ref.phase == phase:
+        return ref
+    if ref.function is not None:
+        same_build = next((r for r in refs if r.path == ref.path and r.phase == phase), None)
+        if same_build is not None:
+            return same_build
+    want = {k: v for k, v in ref.spec if k not in ("phase", "q_len")}
+    for r in refs:  # builds are listed newest first
+        if r.kind == ref.kind and r.variant == ref.variant and r.phase == phase and \
+                {k: v for k, v in r.spec if k not in ("phase", "q_len")} == want:
+            return r
+    return None
 
 
 def package_refs(path: str | Path) -> list[AnalysisRef]:
@@ -227,7 +277,7 @@ def package_refs(path: str | Path) -> list[AnalysisRef]:
                             variant=None, package_path=p)]
     return [AnalysisRef(id=f"package:{p}#{fn}", kind="package",
                         label=f"{p.name} · function {fn} · package · {p.parent}", path=p, variant=None,
-                        package_path=p, function=fn) for fn in functions]
+                        package_path=p, function=fn, phase=fn if fn in PHASES else "decode") for fn in functions]
 
 
 def catalog(root: str | Path | None = None, packages: tuple[str, ...] = (),
@@ -306,7 +356,8 @@ def default_pair(refs: list[AnalysisRef],
     the same source, KV mode, ctx and compression."""
     if measured:
         return measured[0].a, measured[0].b
-    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX), ("compression", None))
+    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX), ("compression", None),
+               ("phase", "decode"))
     shipped = {r.variant: r for r in refs if r.kind == "shipped" and set(default) <= set(r.spec)}
     if BASELINE_VARIANT in shipped and CANDIDATE_VARIANT in shipped:
         return shipped[BASELINE_VARIANT], shipped[CANDIDATE_VARIANT]

@@ -83,6 +83,15 @@ def label_lines(text: str) -> list[str]:
     return text.split("<br>")
 
 
+def flops_frame(diff: ABDiff) -> pd.DataFrame:
+    """FLOPs per token by category, A and B (per prompt token for a prefill function; conventions in
+    ``analyzer.graph.flops``), with the per-call figures beside them."""
+    calls = diff.flops_per_call
+    return pd.DataFrame([{"category": key, "a_flops": c.a, "b_flops": c.b, "delta_flops": c.delta,
+                          "a_flops_per_call": calls[key].a, "b_flops_per_call": calls[key].b}
+                         for key, c in diff.flops_per_token.items()])
+
+
 def waterfall_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str = "B") -> go.Figure:
     """A's total, each category's change, B's total, per decode token: horizontal bars, so category and build
     labels of any length sit in a left margin sized to them (wrapped at ``LABEL_WRAP_CHARS``) instead of

@@ -43,11 +43,13 @@ class LabelMatch:
 
 
 def _preference(ref: AnalysisRef, contexts: frozenset[int]) -> tuple[int, ...]:
-    """Lower is preferred among analyses a label fits equally: the ctx the runs were measured at, full size (a
-    device ran the real model, not a structure build), shipped over built, KV as state."""
+    """Lower is preferred among analyses a label fits equally: a decode analysis (device logs' decode runs are
+    what the bandwidth fit uses), the ctx the runs were measured at, full size (a device ran the real model, not
+    a structure build), shipped over built, KV as state."""
     facts = ref.facts
     assert facts is not None
-    return (0 if not contexts or facts.ctx in contexts else 1, 0 if facts.size == "full size" else 1,
+    return (0 if ref.phase == "decode" else 1, 0 if not contexts or facts.ctx in contexts else 1,
+            0 if facts.size == "full size" else 1,
             0 if ref.kind == "shipped" else 1, 0 if facts.kv_mode == DEFAULT_KV_MODE else 1)
 
 
