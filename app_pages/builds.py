@@ -14,10 +14,11 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, queue
+from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete
 from analyzer.build.compress import PRESETS, canonical_spec
 from analyzer.build.fold import fold_cached, fold_record_of
 from analyzer.build.jobs import BuildJob, JobSnapshot
+from analyzer.build.state import latest_log, queue
 from analyzer.errors import QfoldError, SourceError
 from analyzer.fsio import path_under_roots
 from analyzer.model.cost import BuildCost, check_request
@@ -235,9 +236,10 @@ with st.container(border=True):
 
 # ---------------------------------------------------------------------------------------------- progress
 def log_tail(key: str) -> str:
-    """The last lines of a build's log (``builds/.logs/<key>.log``; keys are ours, never user text)."""
-    for path in (root / ".logs" / f"{key}.log", root / key / LOG_FILE):
-        if path.is_file():
+    """The last lines of a build's log (its newest request log in ``builds/.logs``, else the finished build's
+    ``build.log``; keys are ours, never user text)."""
+    for path in (latest_log(root, key), root / key / LOG_FILE):
+        if path is not None and path.is_file():
             lines = path.read_text(errors="replace").splitlines()
             return "\n".join(lines[-LOG_TAIL_LINES:])
     return "(no log yet)"

@@ -25,8 +25,8 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.build.builds import queue
 from analyzer.build.jobs import BuildJob, JobSnapshot
+from analyzer.build.state import queue
 from analyzer.device.fit import BandwidthFit, BandwidthReport, bandwidth_report
 from analyzer.device.logs import BuildDeviceSummary, LogImport, parse_logs, summarize
 from analyzer.device.profiles import DeviceProfile, load_profiles

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.build.builds import PACKAGE_NAME, BuildSpec, clean_stale_tmp, run_build
+from analyzer.build.builds import PACKAGE_NAME, BuildSpec, run_build
+from analyzer.build.state import clean_stale_tmp
 from analyzer.errors import BuildError
 from analyzer.graph.record import ANALYSIS_FILE
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source

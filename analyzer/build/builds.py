@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,10 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from analyzer.build.state import request_paths
 from analyzer.errors import BuildError, QfoldError
-from analyzer.fsio import write_json_atomic
 from analyzer.graph.buildinfo import StoredSpec
 from analyzer.graph.jsonfields import Field
 from analyzer.graph.record import ANALYSIS_FILE, Analysis, read_analysis_file, write_analysis
@@ -37,7 +34,6 @@ LOG_FILE = "build.log"
 PROGRESS_PREFIX = "@@qfold "  # child → parent protocol: one JSON object per line after this prefix
 DEFAULT_EQUIVALENCE_STEPS = 8
 REPO_ROOT = Path(__file__).resolve().parents[2]
-QUEUE_DIR = ".queue"
 
 
 def builds_dir(path: str | Path | None = None) -> Path:
@@ -171,17 +167,6 @@ def is_complete(path: Path) -> bool:
     return (path / ANALYSIS_FILE).is_file()
 
 
-def clean_stale_tmp(root: Path) -> list[Path]:
-    """Remove ``.tmp-<key>-<pid>`` folders whose process is gone (a killed build)."""
-    removed = []
-    for tmp in root.glob(".tmp-*"):
-        pid_text = tmp.name.rsplit("-", 1)[-1]
-        if pid_text.isdigit() and not psutil.pid_exists(int(pid_text)):
-            shutil.rmtree(tmp, ignore_errors=True)
-            removed.append(tmp)
-    return removed
-
-
 def run_build(spec: BuildSpec, root: str | Path | None = None,
               on_progress: Callable[[Progress], None] | None = None,
               timeout_s: float | None = None, force_ctx: bool = False) -> BuildResult:
@@ -198,39 +183,81 @@ def run_build(spec: BuildSpec, root: str | Path | None = None,
         return BuildResult(spec.key, final, True, 0.0)
     check_request(load_config(spec.source), spec.ctx, force_ctx=force_ctx)
     root.mkdir(parents=True, exist_ok=True)
-    (root / ".logs").mkdir(exist_ok=True)
-    request = root / ".logs" / f"{spec.key}.request.json"
+    request, log_path = request_paths(root, spec.key)
     request.write_text(json.dumps(spec.to_json(), indent=1))
-    log_path = root / ".logs" / f"{spec.key}.log"
     cmd = [sys.executable, "-m", "analyzer.build.convert", str(request), str(root)]
+    outcome = run_child(spec.key, cmd, log_path, on_progress, timeout_s, t0)
+    if not is_complete(final):
+        raise BuildError(f"build {spec.key} failed: the conversion ended without a finished build (log: {log_path})")
+    return BuildResult(spec.key, final, outcome == "reused", time.monotonic() - t0)
+
+
+def run_child(key: str, cmd: list[str], log_path: Path, on_progress: Callable[[Progress], None] | None = None,
+              timeout_s: float | None = None, t0: float | None = None) -> str:
+    """Run the conversion child ``cmd`` for one request of build ``key``, relaying its progress; returns what it
+    did ("built" or "reused": a concurrent identical request may have finished the build while this one waited
+    for the key lock). The child runs in its own session, so a timeout or an interrupt stops it and every process it
+    started; the timeout holds even while the child prints nothing (its output is read by a thread)."""
+    import queue as queue_mod
+    import threading
+
+    t0 = time.monotonic() if t0 is None else t0
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    lines: queue_mod.Queue[str | None] = queue_mod.Queue()
+    last_error, outcome = "", "built"
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                cwd=str(REPO_ROOT), bufsize=1)
-        last_error = ""
+                                cwd=str(REPO_ROOT), bufsize=1, start_new_session=True)
         assert proc.stdout is not None
+
+        def pump(stream=proc.stdout) -> None:
+            for line in stream:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True, name=f"qfold-build-{key}").start()
         try:
-            for line in proc.stdout:
+            while True:
+                wait = None if timeout_s is None else max(0.0, t0 + timeout_s - time.monotonic())
+                try:
+                    line = lines.get(timeout=wait)
+                except queue_mod.Empty:
+                    raise BuildError(f"build {key} timed out after {timeout_s:.0f} s; log: {log_path}") from None
+                if line is None:
+                    break
                 log.write(line)
                 log.flush()
-                if line.startswith(PROGRESS_PREFIX):
+                if not line.startswith(PROGRESS_PREFIX):
+                    continue
+                try:
                     msg = json.loads(line[len(PROGRESS_PREFIX):])
-                    if msg.get("error"):
-                        last_error = msg["error"]
-                    elif on_progress is not None:
-                        on_progress(Progress(msg["fraction"], msg["stage"], msg["message"]))
-                if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-                    proc.kill()
-                    raise BuildError(f"build {spec.key} timed out after {timeout_s:.0f} s; log: {log_path}")
+                except json.JSONDecodeError:
+                    continue
+                if msg.get("error"):
+                    last_error = msg["error"]
+                elif msg.get("result"):
+                    outcome = msg["result"]
+                elif on_progress is not None:
+                    on_progress(Progress(msg["fraction"], msg["stage"], msg["message"]))
             code = proc.wait()
         except BaseException:
-            proc.kill()
-            proc.wait()
+            _stop(proc)
             raise
-    if code != 0 or not is_complete(final):
+    if code != 0:
         reason = last_error or _last_line(log_path) or f"exit code {code}"
-        raise BuildError(f"build {spec.key} failed: {reason} (log: {log_path})")
-    return BuildResult(spec.key, final, False, time.monotonic() - t0)
+        raise BuildError(f"build {key} failed: {reason} (log: {log_path})")
+    return outcome
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill a conversion child and everything it started (its own process group)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
 
 
 def _last_line(path: Path) -> str:
@@ -258,39 +285,6 @@ def list_builds(root: str | Path | None = None) -> list[Analysis]:
 def build_folder(analysis: Analysis) -> Path:
     """The build folder an analysis was read from."""
     return Path(analysis.file).parent
-
-
-@dataclass(frozen=True, slots=True)
-class QueueEntry:
-    """A conversion waiting for the machine-wide slot or running (a file in ``builds/.queue``)."""
-
-    key: str
-    pid: int
-    state: str  # "queued" | "running"
-    since_s: float  # Unix time it was queued
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "pid": self.pid, "state": self.state, "since": self.since_s}
-
-
-def write_queue_entry(path: Path, entry: QueueEntry) -> None:
-    write_json_atomic(path, entry.to_json())
-
-
-def queue(root: str | Path | None = None) -> list[QueueEntry]:
-    """Conversions queued or running on this machine, oldest first; entries whose process is gone (a killed
-    build) or that cannot be read are left out."""
-    qdir = builds_dir(root) / QUEUE_DIR
-    out = []
-    for f in sorted(qdir.glob("*.json")) if qdir.is_dir() else []:
-        try:
-            d = json.loads(f.read_text())
-            entry = QueueEntry(str(d["key"]), int(d["pid"]), str(d["state"]), float(d["since"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if psutil.pid_exists(entry.pid):
-            out.append(entry)
-    return sorted(out, key=lambda e: e.since_s)
 
 
 def load_bytes_per_token(path: str | Path) -> int:

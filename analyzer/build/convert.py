@@ -20,16 +20,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from analyzer.build.builds import (
-    LOG_FILE,
-    PACKAGE_NAME,
-    PROGRESS_PREFIX,
-    QUEUE_DIR,
-    BuildSpec,
+from analyzer.build.builds import LOG_FILE, PACKAGE_NAME, PROGRESS_PREFIX, BuildSpec, is_complete, tool_versions
+from analyzer.build.state import (
     QueueEntry,
     clean_stale_tmp,
-    is_complete,
-    tool_versions,
+    key_lock,
+    queue_entry_path,
+    tmp_folder,
     write_queue_entry,
 )
 from analyzer.errors import BuildError, QfoldError
@@ -286,11 +283,11 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
 
 
 class _QueueEntry:
-    """A file in ``builds/.queue`` so every session can show what is queued or converting."""
+    """A file in ``builds/.queue`` so every session can show what is queued or converting; it exists only while
+    this process holds the build's key lock (``analyzer.build.state``)."""
 
     def __init__(self, root: Path, key: str):
-        self.path = root / QUEUE_DIR / f"{key}.{os.getpid()}.json"
-        self.path.parent.mkdir(exist_ok=True)
+        self.path = queue_entry_path(root, key)
         self.key = key
         self.since = time.time()
 
@@ -301,20 +298,25 @@ class _QueueEntry:
         self.path.unlink(missing_ok=True)
 
 
+def _result(outcome: str) -> None:
+    """Tell the parent what this request did: ``built`` or ``reused`` (an identical request finished first)."""
+    print(PROGRESS_PREFIX + json.dumps({"result": outcome}), flush=True)
+
+
 def run(request: Path, root: Path) -> int:
     from filelock import FileLock, Timeout
 
-    spec = BuildSpec.from_json(json.loads(request.read_text()), str(request))
+    spec = BuildSpec.from_json(read_json(request), str(request))
     key = spec.key
     final = root / key
-    (root / ".locks").mkdir(parents=True, exist_ok=True)
-    entry = _QueueEntry(root, key)
-    try:
-        with FileLock(str(root / ".locks" / f"{key}.lock")):
+    with key_lock(root, key):
+        entry = _QueueEntry(root, key)
+        try:
             if is_complete(final):
                 emit(1.0, "done", f"reusing {final}")
+                _result("reused")
                 return 0
-            clean_stale_tmp(root)
+            clean_stale_tmp(root, holding=key)
             entry.set("queued")
             slot = FileLock(str(root / ".locks" / "convert.lock"))
             while True:
@@ -325,7 +327,7 @@ def run(request: Path, root: Path) -> int:
                     emit(0.0, "queued", "waiting: another conversion is running on this machine")
             try:
                 entry.set("running")
-                tmp = root / f".tmp-{key}-{os.getpid()}"
+                tmp = tmp_folder(root, key)
                 tmp.mkdir()
                 try:
                     analyses = build(spec, tmp, root / ".equivalence")
@@ -340,9 +342,10 @@ def run(request: Path, root: Path) -> int:
                     raise
             finally:
                 slot.release()
-    finally:
-        entry.remove()
+        finally:
+            entry.remove()
     emit(1.0, "done", str(final))
+    _result("built")
     return 0
 
 

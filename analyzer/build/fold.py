@@ -34,6 +34,7 @@ from analyzer.build.builds import (
     is_complete,
     run_build,
 )
+from analyzer.build.state import key_lock, tmp_folder
 from analyzer.errors import FoldError
 from analyzer.fsio import read_json, write_json_atomic
 from analyzer.graph.mil import find_package
@@ -233,20 +234,21 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
         on_progress(Progress(0.9, "fold", f"folding {base.key} with {_pass().PASS_NAME}"))
     fold = fold_cached(base.path, root, steps=min(spec.equivalence_steps, DEFAULT_STEPS))
     original = load_analysis(base.path)
-    tmp = root / f".tmp-{key}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        copy_package(fold.package, tmp / PACKAGE_NAME)
-        write_analysis(tmp / ANALYSIS_FILE, folded_analysis(original, fold, key))
-        (tmp / LOG_FILE).write_text(f"folded {base.key} with {_pass().PASS_NAME} v{_pass().PASS_VERSION}: "
-                                    f"{fold.record['report']['tiles_folded']} tiles folded; "
-                                    f"{fold.proof_headline}\n")
-        if final.exists():  # a concurrent fold of the same build finished first
+    with key_lock(root, key):  # a .tmp-* folder lives only under its key lock (analyzer.build.state)
+        if is_complete(final):  # a concurrent fold of the same build finished first
             return BuildResult(key, final, True, time.monotonic() - t0)
-        os.rename(tmp, final)
-    finally:
+        tmp = tmp_folder(root, key)
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            copy_package(fold.package, tmp / PACKAGE_NAME)
+            write_analysis(tmp / ANALYSIS_FILE, folded_analysis(original, fold, key))
+            (tmp / LOG_FILE).write_text(f"folded {base.key} with {_pass().PASS_NAME} v{_pass().PASS_VERSION}: "
+                                        f"{fold.record['report']['tiles_folded']} tiles folded; "
+                                        f"{fold.proof_headline}\n")
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if on_progress is not None:
         on_progress(Progress(1.0, "done", str(final)))
     return BuildResult(key, final, False, time.monotonic() - t0)

@@ -15,9 +15,10 @@ def add_parser(sub) -> None:
 
 
 def cmd_builds(args) -> int:
-    from analyzer.build.builds import build_folder, list_builds, queue
+    from analyzer.build.builds import build_folder, builds_dir, list_builds
+    from analyzer.build.state import queue
 
-    builds, q = list_builds(args.builds_dir), queue(args.builds_dir)
+    builds, q = list_builds(args.builds_dir), queue(builds_dir(args.builds_dir))
     if args.json:
         print(json.dumps({
             "builds": [{"key": a.build.key, "path": str(build_folder(a)), "created": a.build.created,

@@ -70,7 +70,7 @@ def build_on_worker(spec_json: dict[str, Any], driver_host: str, driver_equivale
 def store_analysis(root: Path, key: str, analysis_text: str, log_text: str) -> Path:
     """Write a shipped-back analysis into ``root/<key>/`` the way a build finishes: into ``.tmp-<key>-<pid>``, then
     one rename, under the build's key lock. An existing finished build wins (it is identical by key)."""
-    from filelock import FileLock
+    from analyzer.build.state import key_lock, tmp_folder
 
     final = root / key
     try:
@@ -80,11 +80,10 @@ def store_analysis(root: Path, key: str, analysis_text: str, log_text: str) -> P
     if doc.get("key") != key:
         raise SweepError(f"build {key}: the worker built {doc.get('key')!r}; its tool versions differ from the "
                          "driver's (the key hashes them): install the same versions on every node")
-    (root / ".locks").mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / ".locks" / f"{key}.lock")):
+    with key_lock(root, key):
         if is_complete(final):
             return final
-        tmp = root / f".tmp-{key}-{os.getpid()}"
+        tmp = tmp_folder(root, key)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:

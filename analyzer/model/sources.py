@@ -206,8 +206,12 @@ def _apply_overrides(raw: dict[str, Any], overrides: tuple[str, ...], origin: st
 
 def safe_label(text: str) -> str:
     """A build-folder-safe name: ASCII letters, digits, ``.``, ``_``, ``-``; never starting with ``.`` (the
-    builds folder keeps its own state in dot-folders) or ``-``."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-").rstrip("-")[:40] or "model"
+    builds folder keeps its own state in dot-folders) or ``-``. NFKC first, so a fullwidth ``ｂ１`` is ``b1``;
+    zero-width and bidi controls become separators and are trimmed, so ``b1\u200b`` is ``b1`` too."""
+    import unicodedata
+
+    label = re.sub(r"[^A-Za-z0-9._-]+", "-", unicodedata.normalize("NFKC", text))
+    return label.lstrip(".-").rstrip("-")[:40] or "model"
 
 
 def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed: int = 0) -> ModelSource:

@@ -1,0 +1,155 @@
+"""The builds folder's shared state: per-key locks, leftover ``.tmp-*`` folders, the queue, per-request logs.
+
+Several Streamlit sessions, CLIs, sweep drivers and (on a shared volume) other hosts or containers may build into
+one folder at once. Who owns what is decided by file locks (``flock``, via filelock), never by a pid alone: a pid
+names a process only on its own host and is reused. The rules:
+
+- whoever writes ``.tmp-<key>-<pid>/`` (a conversion, a sweep storing a worker's analysis, a ``repeat_kv+fold``
+  build) holds ``.locks/<key>.lock`` from before it creates that folder until after it renamed or removed it, so
+  a ``.tmp-*`` folder whose key lock is free is a killed build's leftover, safe to delete, whatever its pid;
+- a queue entry (``.queue/<key>.<pid>.json``) exists only while its writer holds the same key lock, so an entry
+  whose lock is free has no live owner: it is deleted when the queue is read;
+- each request logs to its own ``.logs/<key>.<pid>-<token>.log``: a second request for the same build never
+  truncates the first one's log.
+
+Nothing here raises on a foreign name in the folder (a stray ``.tmp-x``, a file, a symlink, a suffix no pid can
+have): what is not ours by these rules is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from analyzer.fsio import write_json_atomic
+
+LOCKS_DIR = ".locks"
+QUEUE_DIR = ".queue"
+LOGS_DIR = ".logs"
+TMP_PREFIX = ".tmp-"
+# ``.tmp-<key>-<pid>``: keys are ours (safe_label text, variant, kv, ctx, digest); anything else is not ours
+_TMP_NAME = re.compile(r"^\.tmp-(?P<key>[A-Za-z0-9][A-Za-z0-9._+-]{0,200}[A-Za-z0-9])-(?P<pid>[0-9]{1,10})$")
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}[A-Za-z0-9]$")
+
+
+def key_lock(root: Path, key: str) -> FileLock:
+    """The lock that owns build ``key`` in ``root``: held while it is converted, stored or folded."""
+    if not _KEY.match(key):
+        raise ValueError(f"not a build key: {key!r}")
+    (root / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
+    return FileLock(str(root / LOCKS_DIR / f"{key}.lock"))
+
+
+def lock_is_held(root: Path, key: str) -> bool:
+    """Whether some process (here or on another host sharing the folder) holds ``key``'s lock now. A lock this
+    process holds through another file object also counts as held (flock locks are per open file)."""
+    lock = key_lock(root, key)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def tmp_folder(root: Path, key: str) -> Path:
+    """Where build ``key`` is written before its one rename into ``root/<key>``; hold :func:`key_lock` first."""
+    return root / f"{TMP_PREFIX}{key}-{os.getpid()}"
+
+
+def clean_stale_tmp(root: Path, holding: str | None = None) -> list[Path]:
+    """Delete ``.tmp-<key>-<pid>`` folders nobody is writing: their key lock is free, or their key is ``holding``
+    (the key whose lock the caller holds: any folder of that key is a previous, killed attempt). Returns what was
+    deleted. Foreign names, files, symlinks and folders whose lock is held are left alone; never raises."""
+    removed = []
+    try:
+        candidates = list(root.glob(f"{TMP_PREFIX}*"))
+    except OSError:
+        return removed
+    for tmp in candidates:
+        match = _TMP_NAME.match(tmp.name)
+        try:
+            if match is None or tmp.is_symlink() or not tmp.is_dir():
+                continue
+            key = match["key"]
+            if key == holding:
+                if int(match["pid"]) == os.getpid():
+                    continue
+            elif lock_is_held(root, key):
+                continue
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
+        if not tmp.exists():
+            removed.append(tmp)
+    return removed
+
+
+# ------------------------------------------------------------------------------------------------- the queue
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """A conversion waiting for the machine-wide slot or running (a file in ``builds/.queue``)."""
+
+    key: str
+    pid: int
+    state: str  # "queued" | "running"
+    since_s: float  # Unix time it was queued
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "pid": self.pid, "state": self.state, "since": self.since_s}
+
+
+def queue_entry_path(root: Path, key: str) -> Path:
+    return root / QUEUE_DIR / f"{key}.{os.getpid()}.json"
+
+
+def write_queue_entry(path: Path, entry: QueueEntry) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, entry.to_json())
+
+
+def _read_entry(path: Path) -> QueueEntry | None:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        entry = QueueEntry(str(d["key"]), int(d["pid"]), str(d["state"]), float(d["since"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = _KEY.match(entry.key) and entry.pid > 0 and entry.state in ("queued", "running")
+    return entry if ok else None
+
+
+def queue(root: Path) -> list[QueueEntry]:
+    """Conversions queued or running in ``root``, oldest first. An entry whose key lock nobody holds has no live
+    owner (a killed build): its file is deleted. An unreadable or foreign entry is deleted too."""
+    qdir = root / QUEUE_DIR
+    out = []
+    for f in sorted(qdir.glob("*.json")) if qdir.is_dir() else []:
+        entry = _read_entry(f)
+        if entry is None or not lock_is_held(root, entry.key):
+            f.unlink(missing_ok=True)
+            continue
+        out.append(entry)
+    return sorted(out, key=lambda e: e.since_s)
+
+
+# ------------------------------------------------------------------------------------------------- logs
+def request_paths(root: Path, key: str) -> tuple[Path, Path]:
+    """(request file, log file) of one request for build ``key``, unique to it: ``.logs/<key>.<pid>-<token>.*``."""
+    logs = root / LOGS_DIR
+    logs.mkdir(parents=True, exist_ok=True)
+    stem = f"{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return logs / f"{stem}.request.json", logs / f"{stem}.log"
+
+
+def latest_log(root: Path, key: str) -> Path | None:
+    """The newest request log of build ``key`` (the one a running conversion is writing), if any."""
+    logs = [p for p in (root / LOGS_DIR).glob(f"{key}.*.log") if p.is_file()] if (root / LOGS_DIR).is_dir() else []
+    return max(logs, key=lambda p: p.stat().st_mtime, default=None)
