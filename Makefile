@@ -18,7 +18,7 @@ app: $(STAMP)
 	$(VENV)/bin/streamlit run app.py
 
 test: $(STAMP)
-	bash scripts/ensure-chromium
+	bash scripts/ensure-system-packages
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
