@@ -33,8 +33,8 @@ WAIT_MS = 60_000
 CRASH_TEXT = re.compile(r"Traceback|This app has encountered an error")
 
 if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (scripts/ensure-system-packages) to run browser tests",
-                allow_module_level=True)
+    pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (scripts/ensure-system-packages) to run "
+                "browser tests", allow_module_level=True)
 from playwright import sync_api  # noqa: E402 (after the chromium check)
 
 

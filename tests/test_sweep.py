@@ -62,7 +62,9 @@ def test_flags_make_a_grid_with_defaults_and_compression_specs_are_never_split()
     ({"ctx": ["512,abc"]}, "ctx 'abc'"),
     ({"ctx": [0]}, "ctx '0'"),
     ({"variant": ["repeat_kv,nope"]}, "variant 'nope'"),
-    ({"phase": ["decode"]}, "unknown sweep key(s) 'phase'"),
+    ({"phase": ["decode,nope"]}, "phase 'nope'"),
+    ({"q_len": 0}, "q_len=0"),
+    ({"prompt": 1}, "unknown sweep key(s) 'prompt'"),
     ({"structure": "yes"}, "structure='yes'"),
     ({"model": [""]}, "empty value"),
 ])
@@ -259,6 +261,34 @@ def test_cli_writes_the_table_last_line_is_its_path_and_failures_exit_nonzero(ti
     usage = subprocess.run([*base, "--out", str(tmp_path / "t.xlsx")], capture_output=True, text=True, env=env,
                            cwd=REPO, timeout=120)
     assert usage.returncode == 1 and usage.stderr.strip().splitlines()[-1].startswith("error: --out")
+
+
+@pytest.mark.conversion
+def test_cli_sweeps_the_phase_prefill_rows_carry_flops_and_the_roofline(tiny_builds, builds_root, tmp_path):
+    """``--phase decode,prefill --q-len N``: decode points reuse the tiny builds, prefill points are built with the
+    key ``build --phase prefill --q-len N`` would use; bytes are per call, FLOPs per (prompt) token."""
+    env = dict(os.environ, QFOLD_BUILDS=str(builds_root))
+    out = tmp_path / "phases.csv"
+    run = subprocess.run([sys.executable, "-m", "analyzer", "sweep", "--structure", "--set", "num_hidden_layers=2",
+                          "--ctx", str(TINY_CTX), "--variant", "repeat_kv,qfold", "--phase", "decode,prefill",
+                          "--q-len", "16", "--device", "m1-pro-ane", "--num-cpus", "2", "--out", str(out)],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    frame = pd.read_csv(out).set_index(["variant", "phase"])
+    assert set(frame.index) == {(v, p) for v in ("repeat_kv", "qfold") for p in ("decode", "prefill")}
+    src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    for variant in ("repeat_kv", "qfold"):
+        decode, prefill = frame.loc[(variant, "decode")], frame.loc[(variant, "prefill")]
+        assert decode["status"] == "reused" and decode["path"] == str(tiny_builds[variant])
+        assert prefill["key"] == BuildSpec(src, variant, "state", TINY_CTX, phase="prefill", q_len=16).key
+        assert decode["tokens_per_call"] == 1 and prefill["tokens_per_call"] == 16
+        assert prefill["bytes_total"] > decode["bytes_total"]  # per call: 16 rows of activations and KV writes
+        assert 0 < decode["flops_total"] and 0 < prefill["flops_total"]
+        assert prefill["flops_projections"] == pytest.approx(decode["flops_projections"], rel=0.01)  # per token
+        assert prefill["bound"] in ("memory", "compute") and prefill["roofline_tok_per_s"] > 0
+        assert prefill["predicted_tok_per_s"] == pytest.approx(16 * 54.9e9 / prefill["bytes_total"])
+    assert frame.loc[("repeat_kv", "prefill"), "bytes_replication"] > 0  # its 4 K/V tiles (2 layers)
+    assert frame.loc[("qfold", "prefill"), "bytes_replication"] == 0  # (its one tile broadcasts the mask rows)
 
 
 def test_store_analysis_refuses_a_worker_with_other_tool_versions(tmp_path):

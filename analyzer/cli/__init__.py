@@ -14,7 +14,8 @@ Contract (scripts depend on these names):
       (or --steps N [--input-spec SPEC.json] [--seed S] instead of --inputs: N seeded decode steps)
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
   sweep --model M [--model M2 ...] --ctx 512,1024 --variant repeat_kv,qfold [--compression SPEC ...]
-        [--structure] [--set K=V ...] [--address ADDR] --out TABLE.csv   last stdout line: the table
+        [--phase decode,prefill] [--q-len N] [--structure] [--set K=V ...] [--address ADDR] --out TABLE.csv
+                                      last stdout line: the table
 Bad arguments and failed steps exit non-zero with one line on stderr, no traceback.
 """
 

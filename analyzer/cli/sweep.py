@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--variant", action="append", metavar="V,V", help=helps["variant"] + " (default both)")
     p.add_argument("--compression", action="append", metavar="SPEC",
                    help=helps["compression"] + "; repeatable (see `compression --help`)")
+    p.add_argument("--phase", action="append", metavar="P,P", help=helps["phase"] + " (default decode)")
+    p.add_argument("--q-len", type=positive_int, metavar="N",
+                   help="prompt tokens per call of the prefill points (default 64)")
     p.add_argument("--structure", action="store_true", default=None,
                    help="shrink hidden/intermediate/vocab but keep layers and attention geometry")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE",
@@ -73,7 +76,7 @@ def cmd_sweep(args) -> int:
         out = out or spec_out
     flags = {"model": args.model, "ctx": args.ctx, "variant": args.variant, "compression": args.compression,
              "structure": args.structure, "set": args.overrides, "kv": args.kv, "seed": args.seed,
-             "steps": args.steps, "device": args.device}
+             "steps": args.steps, "device": args.device, "phase": args.phase, "q_len": args.q_len}
     values.update({k: v for k, v in flags.items() if v is not None})
     if not out:
         raise SweepError("--out TABLE is required (or `out` in the spec file)")

@@ -98,6 +98,8 @@ def device_model_report(measurements: Sequence[Any], table, mapping: Mapping[str
     """Fit the device model per device on ``measurements`` joined to the sweep ``table`` (a DataFrame)."""
     mapping = mapping or {}
     ok = table[table["status"].isin(["built", "reused"])] if "status" in table.columns else table
+    if "phase" in ok.columns:  # the model is a model of decode steps (observations are decode runs)
+        ok = ok[ok["phase"] == "decode"]
     records = ok.to_dict("records")
     for label, selector in mapping.items():
         unknown = [k for k in selector if k not in table.columns]

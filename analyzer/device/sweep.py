@@ -1,4 +1,4 @@
-"""Sweeps: models × compression × variant × ctx (× phase, once prefill exists), built on Ray, one row per point.
+"""Sweeps: models × compression × variant × ctx × phase, built on Ray, one row per point.
 
 A sweep is the grid of ``SweepPoint`` s spanned by its dimensions (``DIMENSIONS``, one entry per axis: adding
 ``phase`` is one ``Dimension`` here plus its field on ``SweepPoint``). Each point is an ordinary build
@@ -125,7 +125,8 @@ def plan_points(spec: SweepSpec, points: Sequence[SweepPoint]) -> list[_Plan]:
             compression = None
             if point.compression != NO_COMPRESSION:
                 compression = canonical_spec(point.compression, geometry_of(load_config(source)).num_layers)
-            build = BuildSpec(source, point.variant, spec.kv_mode, point.ctx, compression, spec.equivalence_steps)
+            build = BuildSpec(source, point.variant, spec.kv_mode, point.ctx, compression, spec.equivalence_steps,
+                              point.phase, spec.q_len if point.phase == "prefill" else 1)
             plans.append(_Plan(replace(row, key=build.key, model_label=source.label), build,
                                build_memory_bytes(build)))
         except QfoldError as e:

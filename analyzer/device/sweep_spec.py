@@ -45,6 +45,17 @@ def _parse_variant(values: Sequence[Any]) -> tuple[str, ...]:
     return out
 
 
+def _parse_phase(values: Sequence[Any]) -> tuple[str, ...]:
+    from analyzer.model.prefill import PHASES
+
+    out = tuple(_split_commas([str(x) for x in values]))
+    for v in out:
+        if v not in PHASES:
+            raise SweepError(f"phase {v!r}: choose from {', '.join(PHASES)} (a prefill point has q_len prompt tokens "
+                             "per call: --q-len)")
+    return out
+
+
 def _parse_verbatim(values: Sequence[Any]) -> tuple[str, ...]:
     """One value per item, never split: a model path or a compression spec may contain commas."""
     out = tuple(str(v).strip() for v in values)
@@ -70,13 +81,14 @@ def _default_model() -> tuple[str, ...]:
     return (DEFAULT_PRESET,)
 
 
-# In grid order (outermost first): points of one model and compression run side by side, ctx innermost.
-# The phase joins here as Dimension("phase", _parse_phase, ("decode",), ...) once prefill exists.
+# In grid order (outermost first): points of one model and compression run side by side, ctx then phase innermost.
 DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("model", _parse_verbatim, (), "preset, config.json or local HF folder (one per value)"),
     Dimension("compression", _parse_verbatim, (NO_COMPRESSION,), "compression spec, 'none' = fp16 (one per value)"),
     Dimension("variant", _parse_variant, ("repeat_kv", "qfold"), "attention variants, comma-separated"),
     Dimension("ctx", _parse_ctx, (4096,), "context lengths (static cache slots), comma-separated"),
+    Dimension("phase", _parse_phase, ("decode",), "what one call does: decode, prefill (of --q-len prompt tokens), "
+                                                  "comma-separated"),
 )
 DIMENSION_NAMES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS)
 
@@ -89,6 +101,7 @@ class SweepPoint:
     compression: str
     variant: str
     ctx: int
+    phase: str = "decode"
 
     def describe(self) -> str:
         return " ".join(f"{n}={getattr(self, n)}" for n in DIMENSION_NAMES)
@@ -106,6 +119,7 @@ class SweepSpec:
     seed: int = 0
     equivalence_steps: int = 8
     device: str = ""  # device profile key for predicted_tok_per_s ("" = the default profile)
+    q_len: int = 64  # prompt tokens per call of a prefill point (analyzer.model.prefill.DEFAULT_Q_LEN)
 
     def values(self, name: str) -> tuple[Any, ...]:
         return dict(self.axes)[name]
@@ -116,11 +130,12 @@ class SweepSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {**{n: list(v) for n, v in self.axes}, "structure": self.structure, "set": list(self.overrides),
-                "kv": self.kv_mode, "seed": self.seed, "steps": self.equivalence_steps, "device": self.device}
+                "kv": self.kv_mode, "seed": self.seed, "steps": self.equivalence_steps, "device": self.device,
+                "q_len": self.q_len}
 
 
 OPTION_KEYS: Mapping[str, str] = {"structure": "structure", "set": "overrides", "kv": "kv_mode", "seed": "seed",
-                                  "steps": "equivalence_steps", "device": "device"}
+                                  "steps": "equivalence_steps", "device": "device", "q_len": "q_len"}
 SPEC_KEYS: tuple[str, ...] = (*DIMENSION_NAMES, *OPTION_KEYS, "out")
 
 
@@ -148,10 +163,12 @@ def make_spec(values: Mapping[str, Any]) -> SweepSpec:
         sets = options["overrides"]
         options["overrides"] = tuple([sets] if isinstance(sets, str) else sets)
     for attr, kind in (("structure", bool), ("seed", int), ("equivalence_steps", int), ("kv_mode", str),
-                       ("device", str)):
+                       ("device", str), ("q_len", int)):
         if attr in options and (not isinstance(options[attr], kind) or
                                 (kind is int and isinstance(options[attr], bool))):
             raise SweepError(f"{attr}={options[attr]!r}: expected {kind.__name__}")
+    if options.get("q_len", 1) < 1:
+        raise SweepError(f"q_len={options['q_len']!r}: prompt tokens per prefill call must be a positive integer")
     return SweepSpec(tuple(axes), **options)
 
 

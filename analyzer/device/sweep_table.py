@@ -53,10 +53,13 @@ class SweepRow:
     total_ops: int | None = None
     non_const_ops: int | None = None
     bytes: tuple[tuple[str, int], ...] = ()
-    flops: tuple[tuple[str, float], ...] = ()
+    flops: tuple[tuple[str, float], ...] = ()  # per token (per prompt token for a prefill point), by category
+    tokens_per_call: int | None = None  # 1 for decode, q_len for prefill: bytes_* are per call
     device_profile: str = ""
     bw_bytes_per_s: float | None = None
-    predicted_tok_per_s: float | None = None
+    predicted_tok_per_s: float | None = None  # memory roof only: tokens per call × BW ÷ bytes per call
+    roofline_tok_per_s: float | None = None  # max(bytes/BW, FLOPs/peak) when the profile has a peak FLOP/s
+    bound: str = ""  # "memory" | "compute" (roofline), "" without a peak FLOP/s
     stage: str = ""
 
     @property
@@ -75,7 +78,8 @@ class SweepRow:
             out[f"bytes_{c}"] = self.bytes_of(c)
         for c, v in self.flops:
             out[f"flops_{c}"] = v
-        out.update(predicted_tok_per_s=self.predicted_tok_per_s, device_profile=self.device_profile,
+        out.update(tokens_per_call=self.tokens_per_call, predicted_tok_per_s=self.predicted_tok_per_s,
+                   roofline_tok_per_s=self.roofline_tok_per_s, bound=self.bound, device_profile=self.device_profile,
                    bw_bytes_per_s=self.bw_bytes_per_s, model_label=self.model_label, structure=self.structure,
                    kv_mode=self.kv_mode, seconds=round(self.seconds, 3), host=self.host,
                    memory_bytes=self.memory_bytes, path=self.path, error=self.error)
@@ -128,6 +132,8 @@ def read_table(path: str | Path, data: bytes | None = None):
             raise SweepError(f"{p}: a sweep table is .csv, .json or .parquet")
     except (OSError, ValueError) as e:
         raise SweepError(f"{p}: cannot read the sweep table ({e})") from e
+    if "phase" not in frame.columns and "ctx" in frame.columns:  # a table from before the phase: all decode
+        frame.insert(list(frame.columns).index("ctx") + 1, "phase", "decode")
     need = [*DIMENSION_NAMES, "key", "status", "tile_count", *(f"bytes_{c}" for c in (*CATEGORIES, "total"))]
     missing = [c for c in need if c not in frame.columns]
     if missing:
@@ -136,28 +142,26 @@ def read_table(path: str | Path, data: bytes | None = None):
 
 
 # ------------------------------------------------------------------------------------------------- analysis → row
-def _figures(analysis_path: Path) -> dict[str, Any]:
-    """Tiles, ops, bytes and FLOPs of a build's analysis, recomputed with this version's rules."""
+def finished_row(row: SweepRow, path: Path, profile) -> SweepRow:
+    """A built point's row: tiles, ops, bytes per call by category, FLOPs per token by category (this version's
+    rules), and the predicted tok/s on ``profile``: the memory roof always, the roofline where the profile has a
+    peak FLOP/s (prefill is compute-bound where decode is not)."""
+    from analyzer.device.bandwidth import predicted_tok_per_s
+    from analyzer.device.roofline import Roof, predict
+    from analyzer.graph.flop_account import FLOP_CATEGORIES
     from analyzer.graph.record import load_analysis
 
-    analysis = load_analysis(analysis_path)
-    s, b = analysis.summary, analysis.bytes_per_token
-    return {
-        "tile_count": s.tile_count,
-        "total_ops": s.total_ops,
-        "non_const_ops": s.non_const_ops,
-        "bytes": tuple((c, b.get(c)) for c in (*CATEGORIES, "total", "kv_write_value_semantics")),
-        "flops": (),
-    }
-
-
-def finished_row(row: SweepRow, path: Path, profile) -> SweepRow:
-    from analyzer.device.bandwidth import predicted_tok_per_s
-
-    figures = _figures(path)
-    total = dict(figures["bytes"]).get("total")
-    predicted = predicted_tok_per_s(profile.bytes_per_s, total) if total else None
-    return replace(row, path=str(path), device_profile=profile.key, bw_bytes_per_s=float(profile.bytes_per_s),
-                   predicted_tok_per_s=predicted, stage="done", **figures)
+    analysis = load_analysis(path)
+    s, b, per_token = analysis.summary, analysis.bytes_per_token, analysis.flops.per_token()
+    tokens = analysis.call.tokens_per_call
+    total = b.total
+    roofline = predict(analysis, Roof.of(profile)) if profile.flops_per_s is not None else None
+    return replace(
+        row, path=str(path), device_profile=profile.key, bw_bytes_per_s=float(profile.bytes_per_s), stage="done",
+        tile_count=s.tile_count, total_ops=s.total_ops, non_const_ops=s.non_const_ops, tokens_per_call=tokens,
+        bytes=tuple((c, b.get(c)) for c in (*CATEGORIES, "total", "kv_write_value_semantics")),
+        flops=tuple((c, per_token.get(c)) for c in (*FLOP_CATEGORIES, "total")),
+        predicted_tok_per_s=tokens * predicted_tok_per_s(profile.bytes_per_s, total) if total else None,
+        roofline_tok_per_s=roofline.tok_per_s if roofline else None, bound=roofline.bound if roofline else "")
 
 
