@@ -15,7 +15,7 @@ from analyzer.report import sweep_figures as sf
 from app_pages import shared
 
 st.title("Sweeps")
-st.caption("A sweep builds every model × compression × variant × context length on Ray (a local cluster, or "
+st.caption("A sweep builds every model × compression × variant × context length × phase on Ray (a local cluster, or "
            "`python -m analyzer sweep --address …` for a real one) into the same builds/ as single builds. "
            "Predicted tok/s = the device profile's bandwidth ÷ the graph's bytes per token. MB = 10^6 bytes.")
 
@@ -30,6 +30,11 @@ if source == "define":
         ctx_text = c1.text_input("Context lengths", "512,1024,2048,4096", key="sweeps_ctx")
         variants = c1.multiselect("Variants", ["repeat_kv", "qfold"], default=["repeat_kv", "qfold"],
                                   key="sweeps_variants")
+        phases = c1.multiselect("Phases", ["decode", "prefill"], default=["decode"], key="sweeps_phases",
+                                help="decode: one token per call; prefill: the prompt tokens per call below "
+                                     "(compute-bound, so its tok/s comes from the roofline where the profile "
+                                     "has a peak FLOP/s)")
+        q_len = c1.number_input("Prompt tokens per prefill call", 1, 4096, 64, key="sweeps_q_len")
         compressions = c2.text_area("Compressions (one spec per line; none = fp16)", "none", key="sweeps_comp")
         structure = c2.toggle("Structure sizes (same tiles, ~20× cheaper)", value=True, key="sweeps_structure")
         device = c2.selectbox("Device profile", list(profiles), index=list(profiles).index(DEFAULT_PROFILE),
@@ -47,7 +52,8 @@ if source == "define":
                     path.write_bytes(spec_file.getvalue())
                     spec, _out = read_spec_file(path)
             else:
-                spec = make_spec({"model": models, "ctx": [ctx_text], "variant": variants,
+                spec = make_spec({"model": models, "ctx": [ctx_text], "variant": variants, "phase": phases,
+                                  "q_len": int(q_len),
                                   "compression": [c for c in compressions.splitlines() if c.strip()],
                                   "structure": structure, "device": device})
             st.session_state["sweeps_job"] = SweepJob(spec, shared.builds_root(),

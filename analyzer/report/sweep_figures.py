@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from analyzer.fmt import MB
 from analyzer.report.figures import DEVICE_COLORS, style
 
-SWEEP_COLUMNS: tuple[str, ...] = ("line", "model", "variant", "compression", "ctx", "status", "tile_count",
+SWEEP_COLUMNS: tuple[str, ...] = ("line", "model", "variant", "compression", "ctx", "phase", "status", "tile_count",
                                   "bytes_total", "bytes_kv_read", "bytes_replication", "bytes_weights",
                                   "predicted_tok_per_s", "device_profile", "key")
 MEASURED_COLUMNS: tuple[str, ...] = ("device", "build", "context_length", "n_runs", "tok_per_s")
@@ -32,7 +32,10 @@ def sweep_frame(table: pd.DataFrame | Sequence[Any]) -> pd.DataFrame:
     if table.empty:
         return pd.DataFrame(columns=list(SWEEP_COLUMNS))
     ok = table[table["status"].isin(["built", "reused"])].copy()
-    ok["line"] = [f"{m} · {v} · {c}" for m, v, c in zip(ok["model"], ok["variant"], ok["compression"], strict=True)]
+    if "phase" not in ok.columns:
+        ok["phase"] = "decode"
+    ok["line"] = [f"{m} · {v} · {c}" + ("" if p == "decode" else f" · {p} (prompt tok/s)")
+                  for m, v, c, p in zip(ok["model"], ok["variant"], ok["compression"], ok["phase"], strict=True)]
     for col in SWEEP_COLUMNS:
         if col not in ok.columns:
             ok[col] = None
