@@ -298,14 +298,20 @@ def example_inputs(step: DecodeStep, pos: int = 0, token: int = 1) -> tuple[torc
     return tuple(ins)
 
 
+def host_cache(step) -> list[torch.Tensor] | None:
+    """An empty host-side K/V cache (``[1, Hkv, ctx, D]`` per layer, K then V) for a step whose cache is passed as
+    inputs; None when the step keeps its cache as state."""
+    if step.kv_mode != "input":
+        return None
+    g = step.geometry
+    return [torch.zeros(1, g.num_kv_heads, step.ctx, g.head_dim, dtype=step.cache_dtype)
+            for _ in range(2 * g.num_layers)]
+
+
 def run_decode(step: DecodeStep, tokens: list[int], dtype: torch.dtype) -> torch.Tensor:
     """Teacher-forced decode of ``tokens`` from an empty cache; returns logits ``[N, V]`` in ``dtype``."""
-    g = step.geometry
     step.reset()
-    host_kv = None
-    if step.kv_mode == "input":
-        host_kv = [torch.zeros(1, g.num_kv_heads, step.ctx, g.head_dim, dtype=step.cache_dtype)
-                   for _ in range(2 * g.num_layers)]
+    host_kv = host_cache(step)
     outs = []
     with torch.no_grad():
         for pos, tok in enumerate(tokens):
@@ -316,7 +322,7 @@ def run_decode(step: DecodeStep, tokens: list[int], dtype: torch.dtype) -> torch
                 logits = step(ids, cp, mask)
             else:
                 logits, new_k, new_v = step(ids, cp, mask, *host_kv)
-                for i in range(g.num_layers):
+                for i in range(step.geometry.num_layers):
                     host_kv[2 * i][:, :, pos : pos + 1] = new_k[i : i + 1]
                     host_kv[2 * i + 1][:, :, pos : pos + 1] = new_v[i : i + 1]
             outs.append(logits[0, -1].clone())

@@ -26,7 +26,7 @@ import math
 from typing import TYPE_CHECKING
 
 from analyzer.errors import SourceError
-from analyzer.model.decode import ATTN_PREFIX, MASK_VALUE, DecodeStep, DecodeStepContext, _cache_classes
+from analyzer.model.decode import ATTN_PREFIX, MASK_VALUE, DecodeStep, DecodeStepContext, _cache_classes, host_cache
 from analyzer.model.variants import get_variant
 
 if TYPE_CHECKING:
@@ -140,15 +140,12 @@ def run_prefill(step: PrefillStep, tokens: list[int], dtype: torch.dtype) -> tor
     returns the logits in ``dtype``: ``[len(tokens), V]`` with ``all_logits``, else one row per call."""
     import torch
 
-    n, g = step.q_len, step.geometry
+    n = step.q_len
     if not tokens or len(tokens) % n or len(tokens) > step.ctx:
         raise ValueError(f"prefill of {len(tokens)} tokens: need a positive multiple of q_len={n} up to "
                          f"ctx={step.ctx}")
     step.reset()
-    host_kv = None
-    if step.kv_mode == "input":
-        host_kv = [torch.zeros(1, g.num_kv_heads, step.ctx, g.head_dim, dtype=step.cache_dtype)
-                   for _ in range(2 * g.num_layers)]
+    host_kv = host_cache(step)
     outs = []
     with torch.no_grad():
         for pos in range(0, len(tokens), n):
@@ -159,7 +156,7 @@ def run_prefill(step: PrefillStep, tokens: list[int], dtype: torch.dtype) -> tor
                 logits = step(ids, cp, mask)
             else:
                 logits, new_k, new_v = step(ids, cp, mask, *host_kv)
-                for i in range(g.num_layers):
+                for i in range(step.geometry.num_layers):
                     host_kv[2 * i][:, :, pos : pos + n] = new_k[i : i + 1]
                     host_kv[2 * i + 1][:, :, pos : pos + n] = new_v[i : i + 1]
             outs.append(logits[0].clone())
