@@ -1,6 +1,10 @@
 """Builds: one folder per content-hashed key under ``builds/``, made by a child process, reused when present.
 
-A build folder holds ``model.mlpackage``, ``analysis.json`` and ``build.log``. The child
+Two build modes (:data:`BUILD_MODES`), part of the key: ``analysis`` converts with value-free weights (shapes and
+dtypes, no values: ``analyzer.build.valuefree``) and keeps only the analysis; ``materialised`` converts real or
+seeded random weights and keeps a runnable ``model.mlpackage``. Both give the same analysis, op for op.
+
+A build folder holds ``analysis.json`` and ``build.log`` (and ``model.mlpackage`` when materialised). The child
 (``python -m analyzer.build.convert``) writes into ``builds/.tmp-<key>-<pid>/`` and renames it into place only
 when everything is written, so an interrupted build never leaves a folder that looks finished. Shared
 state lives on disk with file locks (several Streamlit sessions and CLIs may build at once): one lock per
@@ -29,6 +33,16 @@ from analyzer.model.sources import ModelSource
 from analyzer.model.variants import KV_MODES
 
 PACKAGE_NAME = "model.mlpackage"
+ANALYSIS_MODE, MATERIALISED_MODE = "analysis", "materialised"
+BUILD_MODES: dict[str, str] = {
+    ANALYSIS_MODE: "value-free weights (shapes and dtypes, no values): op counts, tiles and bytes per token, "
+                   "identical to a materialised build's, at a memory that does not grow with the parameter "
+                   "count; no .mlpackage is kept",
+    MATERIALISED_MODE: "weights with values (seeded random, or a folder's safetensors): a runnable .mlpackage "
+                       "to export, at the cost of a full conversion",
+}
+# How the numerical check is made (part of the key: changing it changes every analysis document).
+EQUIVALENCE_MODEL = "reduced-2-layers-random"
 LOG_FILE = "build.log"
 PROGRESS_PREFIX = "@@qfold "  # child → parent protocol: one JSON object per line after this prefix
 DEFAULT_EQUIVALENCE_STEPS = 8
@@ -60,11 +74,14 @@ class BuildSpec:
     ctx: int = 4096
     compression: str | None = None  # canonical compression spec text (analyzer.build.compress), None = fp16
     equivalence_steps: int = DEFAULT_EQUIVALENCE_STEPS
+    build_mode: str = MATERIALISED_MODE  # the API default keeps a package; the CLI and dashboard default to analysis
 
     def __post_init__(self) -> None:
         from analyzer.model.variants import get_variant
 
         get_variant(self.variant)
+        if self.build_mode not in BUILD_MODES:
+            raise QfoldError(f"build mode {self.build_mode!r}: choose one of {', '.join(BUILD_MODES)}")
         if self.kv_mode not in KV_MODES:
             raise QfoldError(f"--kv {self.kv_mode!r}: choose one of {', '.join(KV_MODES)}")
         if not isinstance(self.ctx, int) or self.ctx < 1:
@@ -81,6 +98,9 @@ class BuildSpec:
             "ctx": self.ctx,
             "compression": self.compression,
             "equivalence_steps": self.equivalence_steps,
+            "equivalence_model": EQUIVALENCE_MODEL,
+            "build_mode": self.build_mode,
+            "torch_dtype": "fp16",
             "target": "iOS18",
             "compute_precision": "fp16",
             "versions": tool_versions(),
@@ -92,6 +112,8 @@ class BuildSpec:
         parts = [self.source.label, self.variant, self.kv_mode, f"ctx{self.ctx}"]
         if self.compression:
             parts.append(_compression_label(self.compression, self.source.config_dict.get("num_hidden_layers", 0)))
+        if self.build_mode == ANALYSIS_MODE:
+            parts.append(ANALYSIS_MODE)
         return "-".join([*parts, digest])
 
     def to_json(self) -> dict[str, Any]:
@@ -104,6 +126,7 @@ class BuildSpec:
             "ctx": self.ctx,
             "compression": self.compression,
             "equivalence_steps": self.equivalence_steps,
+            "build_mode": self.build_mode,
         }
 
     @classmethod
@@ -112,7 +135,8 @@ class BuildSpec:
 
         s = d["source"]
         source = source_from_fingerprint(s["kind"], s["ref"], s["label"], s["fingerprint"], s["overrides"])
-        return cls(source, d["variant"], d["kv_mode"], d["ctx"], d["compression"], d["equivalence_steps"])
+        return cls(source, d["variant"], d["kv_mode"], d["ctx"], d["compression"], d["equivalence_steps"],
+                   d.get("build_mode", MATERIALISED_MODE))
 
 
 def _compression_label(canonical: str, num_layers: int) -> str:
@@ -173,21 +197,44 @@ def run_build(spec: BuildSpec, root: str | Path | None = None,
               on_progress: Callable[[Progress], None] | None = None,
               timeout_s: float | None = None) -> BuildResult:
     """Return the build for ``spec``, converting it in a child process unless it already exists."""
+    return run_builds([spec], root, on_progress, timeout_s)[0]
+
+
+def run_builds(specs: list[BuildSpec] | tuple[BuildSpec, ...], root: str | Path | None = None,
+               on_progress: Callable[[Progress], None] | None = None,
+               timeout_s: float | None = None) -> list[BuildResult]:
+    """Return the builds for ``specs`` (in order), converting the missing ones in ONE child process: the two
+    variants of an A/B share its model, its equivalence check and (analysis mode) one value-free model traced
+    once per variant."""
     t0 = time.monotonic()
     root = builds_dir(root)
-    final = root / spec.key
-    if is_complete(final):
-        return BuildResult(spec.key, final, True, 0.0)
+    if not specs:
+        return []
+    missing = [s for s in dict.fromkeys(specs) if not is_complete(root / s.key)]
+    if missing:
+        _convert_in_child(missing, root, on_progress, timeout_s, t0)
+    seconds = time.monotonic() - t0
+    built = {s.key for s in missing}
+    return [BuildResult(s.key, root / s.key, s.key not in built, seconds if s.key in built else 0.0) for s in specs]
+
+
+def _convert_in_child(specs: list[BuildSpec], root: Path, on_progress, timeout_s: float | None, t0: float) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / ".logs").mkdir(exist_ok=True)
-    request = root / ".logs" / f"{spec.key}.request.json"
-    request.write_text(json.dumps(spec.to_json(), indent=1))
-    log_path = root / ".logs" / f"{spec.key}.log"
+    name = specs[0].key if len(specs) == 1 else f"{specs[0].key}+{len(specs) - 1}"
+    request = root / ".logs" / f"{name}.request.json"
+    request.write_text(json.dumps({"specs": [s.to_json() for s in specs]}, indent=1))
+    log_path = root / ".logs" / f"{name}.log"
+    for s in specs if len(specs) > 1 else ():  # every key finds the shared log under its own name
+        alias = root / ".logs" / f"{s.key}.log"
+        alias.unlink(missing_ok=True)
+        alias.symlink_to(log_path.name)
     cmd = [sys.executable, "-m", "analyzer.build.convert", str(request), str(root)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    what = specs[0].key if len(specs) == 1 else " + ".join(s.key for s in specs)
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                cwd=str(REPO_ROOT), bufsize=1)
+                                cwd=str(REPO_ROOT), bufsize=1, start_new_session=True)  # its own group: killpg
         last_error = ""
         assert proc.stdout is not None
         try:
@@ -201,17 +248,26 @@ def run_build(spec: BuildSpec, root: str | Path | None = None,
                     elif on_progress is not None:
                         on_progress(Progress(msg["fraction"], msg["stage"], msg["message"]))
                 if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-                    proc.kill()
-                    raise BuildError(f"build {spec.key} timed out after {timeout_s:.0f} s; log: {log_path}")
+                    raise BuildError(f"build {what} timed out after {timeout_s:.0f} s; log: {log_path}")
             code = proc.wait()
         except BaseException:
-            proc.kill()
-            proc.wait()
+            _kill_group(proc)
             raise
-    if code != 0 or not is_complete(final):
+    unfinished = [s.key for s in specs if not is_complete(root / s.key)]
+    if code != 0 or unfinished:
         reason = last_error or _last_line(log_path) or f"exit code {code}"
-        raise BuildError(f"build {spec.key} failed: {reason} (log: {log_path})")
-    return BuildResult(spec.key, final, False, time.monotonic() - t0)
+        raise BuildError(f"build {' + '.join(unfinished) or what} failed: {reason} (log: {log_path})")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop a conversion child and the worker it may have started (same process group)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _last_line(path: Path) -> str:
@@ -232,7 +288,7 @@ def list_builds(root: str | Path | None = None) -> list[dict[str, Any]]:
         except QfoldError:
             continue
         out.append({"key": d.name, "path": str(d), "created": a.get("created", ""), "spec": a.get("spec", {}),
-                    "summary": a.get("summary", {})})
+                    "summary": a.get("summary", {}), "build_mode": a.get("build_mode", MATERIALISED_MODE)})
     return sorted(out, key=lambda b: b["created"], reverse=True)
 
 
@@ -264,6 +320,9 @@ def reanalyze_build(path: str | Path) -> dict[str, Any]:
 
     build = Path(path)
     doc = load_analysis(build)
+    if not (build / PACKAGE_NAME).is_dir():
+        raise QfoldError(f"{build}: an {doc.get('build_mode', 'analysis')}-mode build keeps no .mlpackage to walk "
+                         "again; build it again instead")
     fresh = program_document(read_program(build / PACKAGE_NAME))
     fresh["program"]["path"] = PACKAGE_NAME
     doc.update(fresh)

@@ -1,8 +1,9 @@
 """``python -m analyzer``: everything the dashboard does, headless.
 
 Contract (scripts depend on these names):
-  build --model M --variant {repeat_kv,qfold} [--kv {state,input}] [--ctx N] [--set K=V ...]
-        [--compression SPEC]          last stdout line: the build folder
+  build --model M --variant {repeat_kv,qfold} [...] [--mode {analysis,materialised}] [--kv {state,input}]
+        [--ctx N] [--set K=V ...] [--compression SPEC]   one build folder per variant, in order, on stdout
+        (one variant: the last stdout line is its folder)
   inspect PATH [--json] [--ops] [--csv]   PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json]
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]

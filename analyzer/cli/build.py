@@ -1,4 +1,4 @@
-"""``build``: convert a model's decode step with one attention variant (child process, cached)."""
+"""``build``: convert a model's decode step with one or more attention variants (one child process, cached)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from analyzer.cli.common import positive_int
 
 
 def add_parser(sub) -> None:
+    from analyzer.build.builds import ANALYSIS_MODE, BUILD_MODES
     from analyzer.model.sources import DEFAULT_PRESET, preset_names
     from analyzer.model.variants import KV_MODES, VARIANTS
 
@@ -17,7 +18,11 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_PRESET,
                    help=f"preset ({', '.join(preset_names())}), a config.json path, or a local HF model folder "
                         "(its *.safetensors weights are loaded; never pickle, never remote code)")
-    p.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    p.add_argument("--variant", required=True, nargs="+", choices=sorted(VARIANTS),
+                   help="one or more variants; several (an A/B) are converted by one child process sharing the "
+                        "model; one build folder per variant is printed, in order")
+    p.add_argument("--mode", default=ANALYSIS_MODE, choices=list(BUILD_MODES),
+                   help="; ".join(f"{m}: {d}" for m, d in BUILD_MODES.items()) + f" (default {ANALYSIS_MODE})")
     p.add_argument("--kv", default="state", choices=KV_MODES, help="KV cache as Core ML state (default) or inputs")
     p.add_argument("--ctx", type=positive_int, default=4096, help="context length (cache slots), default 4096")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -36,7 +41,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_build(args) -> int:
-    from analyzer.build.builds import BuildSpec, run_build
+    from analyzer.build.builds import BuildSpec, run_builds
     from analyzer.model.sources import STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
 
     overrides = (list(STRUCTURE_OVERRIDES) if args.structure else []) + list(args.overrides)
@@ -46,12 +51,13 @@ def cmd_build(args) -> int:
         from analyzer.build.compress import canonical_spec
 
         compression = canonical_spec(args.compression, geometry_of(load_config(source)).num_layers)
-    spec = BuildSpec(source, args.variant, args.kv, args.ctx, compression, args.steps)
+    specs = [BuildSpec(source, v, args.kv, args.ctx, compression, args.steps, args.mode)
+             for v in dict.fromkeys(args.variant)]
 
     def progress(p) -> None:
         print(f"[{p.fraction * 100:3.0f}%] {p.stage}: {p.message}", file=sys.stderr, flush=True)
 
-    result = run_build(spec, args.builds_dir, on_progress=progress)
-    print(f"{'reused' if result.reused else 'built'} {result.key} in {result.seconds:.1f} s", file=sys.stderr)
-    print(result.path)
+    for result in run_builds(specs, args.builds_dir, on_progress=progress):
+        print(f"{'reused' if result.reused else 'built'} {result.key} in {result.seconds:.1f} s", file=sys.stderr)
+        print(result.path)
     return 0

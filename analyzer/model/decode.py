@@ -20,6 +20,7 @@ Not covered: multi-head latent attention caches, attention sinks (``s_aux``), hy
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,9 @@ ATTN_PREFIX = "qfold_"
 
 # ------------------------------------------------------------------------------------------------- model
 def _fill_random_(model: nn.Module, seed: int) -> None:
-    """Seeded, varied random weights: norm scales near 1 (so no two norm consts are equal and Core ML's
-    const deduplication does not merge them), everything else N(0, 0.02)."""
+    """Seeded, varied random weights, written in the parameters' own dtype (no fp32 copy for an fp16 model):
+    norm scales near 1 (so no two norm consts are equal and Core ML's const deduplication does not merge
+    them), everything else N(0, 0.02)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # a tied parameter is yielded once
@@ -75,8 +77,9 @@ def _load_safetensors_(model: nn.Module, source: ModelSource) -> None:
         raise SourceError(f"{source.ref}: safetensors files lack {len(missing)} tensors, e.g. {missing[:3]}")
 
 
-def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The ``*ForCausalLM`` for a source: real weights when the source has safetensors, else seeded random."""
+def _empty_model(source: ModelSource, dtype: torch.dtype) -> nn.Module:
+    """The ``*ForCausalLM`` of a source with its parameters allocated in ``dtype`` but never written
+    (``no_init_weights``), its buffers (RoPE tables, embedding scales) computed as usual, weights tied."""
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -84,10 +87,18 @@ def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.M
     config._attn_implementation = "eager"
     try:
         with no_init_weights():
-            model = AutoModelForCausalLM.from_config(config)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     except ValueError as e:
         raise SourceError(f"model_type={config.model_type!r} has no causal-LM class in transformers: {e}") from e
     model.tie_weights()  # no_init_weights skips the init that would tie them
+    return model
+
+
+def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The ``*ForCausalLM`` for a source: real weights when the source has safetensors, else seeded random,
+    built directly in ``dtype`` (an fp16 build never holds an fp32 copy). Buffers are cast to ``dtype`` too,
+    as ``Module.to`` would."""
+    model = _empty_model(source, dtype)
     if source.has_real_weights:
         _load_safetensors_(model, source)
     else:
@@ -95,15 +106,93 @@ def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.M
     return model.to(dtype).eval()
 
 
-def untie_embeddings_(model: nn.Module) -> bool:
+# ------------------------------------------------------------------------------------------------- value-free
+def zero_pages(shape, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """A tensor backed by a private anonymous memory map that nothing has written: it reads as zeros and the
+    kernel maps its shared zero page until a page is written, so reading it adds nothing to the resident set
+    however large it is (measured: a 1 GiB read, +0 GB RSS). Private, not ``mmap``'s default shared mapping:
+    a shared anonymous map is shmem, whose read faults allocate real pages."""
+    import mmap
+
+    n = max(1, math.prod(shape))
+    size = n * torch.empty((), dtype=dtype).element_size()
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=dtype, count=n).view(tuple(shape))
+
+
+def build_value_free_model(source: ModelSource) -> nn.Module:
+    """The fp16 ``*ForCausalLM`` of a source with every parameter a zero placeholder (:func:`zero_pages`) and
+    its buffers real. Trace it as is (a forward over zeros costs no memory), then call
+    :func:`assign_value_free_weights_` before converting. Real safetensors weights are not read."""
+    model = _empty_model(source, torch.float16)
+    for p in model.parameters():  # tied parameters are yielded once
+        p.requires_grad_(False)
+        p.data = zero_pages(p.shape)
+    return model.to(torch.float16).eval()  # buffers (e.g. RoPE inv_freq) to fp16, as build_model does
+
+
+def value_free_constant(index: int) -> float:
+    """The value every element of the ``index``-th parameter takes in a value-free build: 2^-7·(1 + j/1024)
+    for j = index mod 1024 (exact in fp16, whose spacing in [2^-7, 2^-6) is 2^-17), one binade up per 1024
+    tensors. Distinct per tensor, so ``common::const_deduplication`` merges nothing it would not merge in a
+    random-weight build; never 0 or 1, so ``common::noop_elimination`` cannot drop a real multiply or add;
+    small, so a traced forward stays finite."""
+    return 2.0 ** (-7 + index // 1024) * (1 + (index % 1024) / 1024)
+
+
+def assign_value_free_weights_(model: nn.Module) -> int:
+    """Make every parameter a zero-stride fp16 view of one constant (:func:`value_free_constant`), in place, so
+    a trace that shares these parameters converts with shape-and-dtype-only weights: 2 bytes per tensor
+    instead of 2 per element. Tied parameters stay one tensor. Returns the number of parameters."""
+    params = list(model.parameters())
+    for i, p in enumerate(params):
+        p.data = torch.full((), value_free_constant(i), dtype=torch.float16).expand(p.shape)
+    return len(params)
+
+
+def untie_embeddings_(model: nn.Module, copy_values: bool = True) -> bool:
     """Give lm_head its own copy of a tied embedding, so the two can be compressed differently.
-    Returns whether they were tied."""
+    ``copy_values=False`` gives it a zero placeholder instead (value-free builds). Returns whether they were tied."""
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or head.weight is not emb.weight:
         return False
-    head.weight = nn.Parameter(emb.weight.detach().clone())
+    w = emb.weight.detach().clone() if copy_values else zero_pages(emb.weight.shape)
+    head.weight = nn.Parameter(w, requires_grad=False)
     model.config.tie_word_embeddings = False
     return True
+
+
+def reduced_source(source: ModelSource, layers: int = 2, vocab_size: int = 1000, intermediate_size: int = 512,
+                   hidden_size: int = 256) -> ModelSource:
+    """The same attention geometry (query heads, KV heads, head_dim, the family's code) at a size whose
+    materialised fp32 model costs seconds: ``layers`` decoder layers (more when the config's ``layer_types``
+    pattern needs them for every attention kind to occur), a smaller vocabulary and MLP, random weights, and
+    a smaller hidden size when the config states ``head_dim`` (otherwise head_dim = hidden / heads, so the
+    hidden size stays). The numerical equivalence of the variants is checked on this model, never on
+    value-free weights (equal constants make every head alike, so a wrong head mapping would pass)."""
+    from analyzer.model.sources import source_from_fingerprint
+
+    raw = source.config_dict
+    g = geometry_of(load_config(source))
+    types_ = raw.get("layer_types")
+    if isinstance(types_, list) and types_:
+        layers = max(layers, 1 + max(types_.index(t) for t in set(types_)))
+    changes: dict[str, int] = {"num_hidden_layers": min(layers, g.num_layers),
+                               "vocab_size": min(vocab_size, g.vocab_size)}
+    if isinstance(raw.get("intermediate_size"), int):
+        changes["intermediate_size"] = min(intermediate_size, raw["intermediate_size"])
+    if isinstance(raw.get("head_dim"), int):
+        changes["hidden_size"] = min(hidden_size, g.hidden_size)
+    cfg = dict(raw, **changes)
+    if isinstance(types_, list) and types_:
+        cfg["layer_types"] = types_[: changes["num_hidden_layers"]]
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        ids = cfg.get(key)
+        if any(isinstance(i, int) and i >= cfg["vocab_size"] for i in (ids if isinstance(ids, list) else [ids])):
+            cfg[key] = None
+    overrides = tuple(f"{k}={v}" for k, v in changes.items())
+    return source_from_fingerprint("config", f"{source.ref} (reduced)", f"{source.label}-reduced",
+                                   {"config": cfg, "weights": [], "seed": source.seed}, overrides)
 
 
 # ------------------------------------------------------------------------------------------------- attention
@@ -206,7 +295,9 @@ class DecodeStep(nn.Module):
     in input mode, for the host to write into its cache)."""
 
     def __init__(self, model: nn.Module, ctx: int, variant: str, kv_mode: str = "state",
-                 cache_dtype: torch.dtype = torch.float16):
+                 cache_dtype: torch.dtype = torch.float16, lazy_cache: bool = False):
+        """``lazy_cache``: the KV buffers are :func:`zero_pages`, resident only where written (a trace writes
+        one slot), so a value-free build's memory does not grow with ctx."""
         super().__init__()
         get_variant(variant)
         if kv_mode not in KV_MODES:
@@ -215,10 +306,13 @@ class DecodeStep(nn.Module):
         self.geometry: AttentionGeometry = geometry_of(model.config)
         self.ctx, self.variant, self.kv_mode, self.cache_dtype = ctx, variant, kv_mode, cache_dtype
         g = self.geometry
+        self.lazy_cache = lazy_cache
         if kv_mode == "state":
+            shape = (1, g.num_kv_heads, ctx, g.head_dim)
             for i in range(g.num_layers):
-                self.register_buffer(f"k_cache_{i}", torch.zeros(1, g.num_kv_heads, ctx, g.head_dim, dtype=cache_dtype))
-                self.register_buffer(f"v_cache_{i}", torch.zeros(1, g.num_kv_heads, ctx, g.head_dim, dtype=cache_dtype))
+                for kv in "kv":
+                    buf = zero_pages(shape, cache_dtype) if lazy_cache else torch.zeros(shape, dtype=cache_dtype)
+                    self.register_buffer(f"{kv}_cache_{i}", buf)
 
     def reset(self) -> None:
         for name, buf in self.named_buffers():
@@ -287,7 +381,8 @@ def example_inputs(step: DecodeStep, pos: int = 0, token: int = 1) -> tuple[torc
     ins = [torch.tensor([[token]], dtype=torch.int32), torch.tensor([pos], dtype=torch.int32),
            make_mask(step.ctx, pos, torch.float16, include_current=step.kv_mode == "state")]
     if step.kv_mode == "input":
-        ins += [torch.zeros(1, g.num_kv_heads, step.ctx, g.head_dim, dtype=step.cache_dtype)
+        shape = (1, g.num_kv_heads, step.ctx, g.head_dim)
+        ins += [zero_pages(shape, step.cache_dtype) if step.lazy_cache else torch.zeros(shape, dtype=step.cache_dtype)
                 for _ in range(2 * g.num_layers)]
     return tuple(ins)
 
