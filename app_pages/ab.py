@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analyzer.build.builds import BuildSpec
+from analyzer.build.builds import ANALYSIS_MODE, BuildSpec
+from analyzer.build.costs import analysis_weight_bytes, estimate_cost
 from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB
@@ -12,7 +13,14 @@ from analyzer.graph.accounting import CATEGORIES
 from analyzer.graph.diff import diff_documents
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.report import figures
-from analyzer.report.catalog import BASELINE_VARIANT, CANDIDATE_VARIANT, DEFAULT_CTX, DEFAULT_KV_MODE, shipped_analyses
+from analyzer.report.catalog import (
+    BASELINE_VARIANT,
+    CANDIDATE_VARIANT,
+    DEFAULT_CTX,
+    DEFAULT_KV_MODE,
+    load_shipped,
+    shipped_analyses,
+)
 from analyzer.report.report import NO_RUNTIME_NOTE, UNITS_NOTE, ab_headline, headline_frame
 from app_pages import shared
 
@@ -25,19 +33,30 @@ by_id = shared.refs_by_id(refs)
 pair = shared.ab_pair(refs)
 
 
+def shipped_doc() -> dict | None:
+    """The shipped analysis of the default candidate (its weight bytes size the rebuild), if present."""
+    try:
+        return load_shipped(CANDIDATE_VARIANT)
+    except QfoldError:
+        return None
+
+
 def rebuild_for_real() -> None:
     """Queue the two full-size default builds the shipped analyses were made from."""
     with st.popover("Rebuild for real", icon=":material/construction:", width="stretch"):
+        doc = shipped_doc()
+        cost = estimate_cost(ANALYSIS_MODE, analysis_weight_bytes(doc), 2) if doc else None
         st.warning(f"Converts the full-size **{DEFAULT_PRESET}** twice ({BASELINE_VARIANT} and {CANDIDATE_VARIANT}, "
-                   f"KV as state, ctx {DEFAULT_CTX:,}): about **2.5 minutes and 15 GB of memory each**, one after "
-                   "the other, in a child process. Other sessions keep working; conversions queue machine-wide.")
+                   f"KV as state, ctx {DEFAULT_CTX:,}) in analysis mode (value-free weights, no package)"
+                   + (f": {cost.summary()}" if cost else "") + ", in one child process. Other sessions keep "
+                   "working; conversions queue machine-wide.")
         busy = any(not s.finished for s in shared.job_snapshots())
         if busy:
             st.caption("A conversion started from this session is still running (see the Builds page).")
         if st.button("Queue the two full-size builds", key="ab_rebuild", type="primary", disabled=busy):
             try:
                 source = resolve_source(DEFAULT_PRESET)
-                specs = tuple(BuildSpec(source, v, DEFAULT_KV_MODE, DEFAULT_CTX)
+                specs = tuple(BuildSpec(source, v, DEFAULT_KV_MODE, DEFAULT_CTX, build_mode=ANALYSIS_MODE)
                               for v in (BASELINE_VARIANT, CANDIDATE_VARIANT))
             except QfoldError as e:
                 st.error(str(e))

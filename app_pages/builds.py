@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete, list_builds, queue
+from analyzer.build.builds import ANALYSIS_MODE, BUILD_MODES, LOG_FILE, BuildSpec, is_complete, list_builds, queue
+from analyzer.build.costs import estimate_cost, weight_bytes_of
 from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError, SourceError
 from analyzer.fmt import MIB
@@ -73,6 +74,11 @@ def resolve_folder(path: str, stamp: tuple, overrides: tuple[str, ...]) -> tuple
     return source, geometry_of(load_config(source))
 
 
+@st.cache_data(show_spinner="Counting the model's parameters…", max_entries=32)
+def model_weight_bytes(source: ModelSource) -> int:
+    return weight_bytes_of(source)
+
+
 def folder_stamp(path: Path) -> tuple:
     """What decides whether a folder's resolution is still valid: its files' names, sizes and times."""
     try:
@@ -103,6 +109,9 @@ with st.container(border=True):
                           key="builds_ctx")
     kv_mode = c3.radio("KV cache", KV_MODES, horizontal=True, key="builds_kv",
                        format_func=lambda m: {"state": "Core ML state", "input": "inputs (read-only)"}.get(m, m))
+    mode = st.radio("Build mode", list(BUILD_MODES), index=list(BUILD_MODES).index(ANALYSIS_MODE), horizontal=True,
+                    key="builds_mode", help="Both modes give the same analysis, op for op.")
+    st.caption(f"**{mode}**: {BUILD_MODES[mode]}.")
     c4, c5 = st.columns(2)
     variants = c4.multiselect("Variants", sorted(VARIANTS), default=["repeat_kv", "qfold"], key="builds_variants")
     has_compress = importlib.util.find_spec("analyzer.build.compress") is not None
@@ -148,10 +157,18 @@ with st.container(border=True):
                     f"{g.num_kv_heads} KV heads (group {g.group_size}) · head_dim {g.head_dim} · hidden "
                     f"{g.hidden_size:,} · vocab {g.vocab_size:,} · "
                     + ("real weights from safetensors" if source.has_real_weights else "seeded random weights"))
-        if not structure:
-            st.warning("Full-size conversion: about **2.5 minutes and 15 GB of memory per variant** for the 1.2B "
-                       "default (larger models need more). It runs in a child process and waits its turn: one "
-                       "conversion at a time on this machine.", icon=":material/warning:")
+        try:
+            cost = estimate_cost(mode, cached_call(model_weight_bytes, source), max(1, len(variants)))
+        except QfoldError:
+            cost = None
+        if cost is not None:
+            note = (f"Estimated: **{cost.summary()}** (fitted to {cost.source}). The variants run in one child "
+                    "process, which waits its turn: one conversion at a time on this machine.")
+            if mode == ANALYSIS_MODE:
+                st.info(note + " Export a runnable package later: that makes a materialised build "
+                        f"({estimate_cost('materialised', cost.weight_bytes).summary()}).", icon=":material/info:")
+            else:
+                st.warning(note, icon=":material/warning:")
     specs: tuple[BuildSpec, ...] = ()
     if resolved is not None and variants:
         try:
@@ -160,7 +177,7 @@ with st.container(border=True):
                 from analyzer.build.compress import canonical_spec
 
                 spec_text = canonical_spec(compression, resolved[1].num_layers)
-            specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text) for v in variants)
+            specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text, build_mode=mode) for v in variants)
         except QfoldError as e:
             st.error(str(e))
     busy = shared.running_keys()
@@ -238,6 +255,7 @@ else:
         "build": describe_spec(b["spec"]),
         "key": b["key"],
         "created": b["created"],
+        "mode": b.get("build_mode"),
         "tile ops": b["summary"].get("tile_count"),
         "tile output MiB": (b["summary"].get("tile_output_bytes") or 0) / MIB,
         "ops": b["summary"].get("total_ops"),

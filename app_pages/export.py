@@ -9,6 +9,9 @@ from functools import partial
 
 import streamlit as st
 
+from analyzer.build.builds import ANALYSIS_MODE, MATERIALISED_MODE, materialised_spec
+from analyzer.build.costs import analysis_weight_bytes, estimate_cost
+from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB, to_csv
 from analyzer.graph.accounting import OP_COLUMNS, account
@@ -99,9 +102,26 @@ with st.container(border=True):
 with st.container(border=True):
     st.subheader("Core ML package")
     if ref.package_path is None or not ref.package_path.is_dir():
-        st.info("This analysis has no .mlpackage on this server (shipped analyses carry none: no weights). "
-                "Build it on the Builds page, or with the CLI, e.g. "
-                "`python -m analyzer build --variant qfold --ctx 4096`.")
+        made = ("was made in analysis mode (value-free weights: shapes and dtypes, no values)"
+                if doc.get("build_mode") == ANALYSIS_MODE else "carries no weights (shipped analyses never do)")
+        st.info(f"This analysis has no .mlpackage on this server: it {made}.", icon=":material/info:")
+        if doc.get("spec"):
+            try:
+                spec = materialised_spec(doc["spec"])
+            except QfoldError as e:
+                st.error(f"Cannot rebuild it: {e}")
+            else:
+                cost = estimate_cost(MATERIALISED_MODE, analysis_weight_bytes(doc))
+                st.markdown(f"A runnable package needs a **materialised build** of the same spec (same analysis, "
+                            f"with weight values): {cost.summary()}, estimated from {cost.source}. It runs in "
+                            "the background and waits its turn; the package then appears here.")
+                if st.button("Make a runnable package", key="export_materialise", icon=":material/build:",
+                             disabled=spec.key in shared.running_keys()):
+                    shared.start_job(BuildJob((spec,), shared.builds_root()))
+                    st.toast(f"Queued the materialised build {spec.key}")
+                st.caption(f"Or on the command line: `python -m analyzer build --mode materialised --model "
+                           f"{spec.source.ref} --variant {spec.variant} --ctx {spec.ctx}` (plus its `--set` "
+                           "overrides and compression).")
     else:
         size = package_size_bytes(ref.package_path)
         st.markdown(f"`{ref.package_path}` — {size / MB:,.1f} MB ({size / MIB:,.1f} MiB)")

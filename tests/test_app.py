@@ -108,11 +108,11 @@ def test_ab_drilldown_filters_to_a_layer_and_op_type(expected_pair):
 def test_rebuild_for_real_queues_the_full_size_pair_in_the_background(expected_pair, monkeypatch):
     started: list[BuildSpec] = []
 
-    def fake_run_build(spec, root=None, on_progress=None, timeout_s=None):
-        started.append(spec)
-        return BuildResult(spec.key, Path(root or "."), True, 0.0)
+    def fake_run_builds(specs, root=None, on_progress=None, timeout_s=None):
+        started.extend(specs)
+        return [BuildResult(spec.key, Path(root or "."), True, 0.0) for spec in specs]
 
-    monkeypatch.setattr(jobs, "run_build", fake_run_build)
+    monkeypatch.setattr(jobs, "run_builds", fake_run_builds)
     at = open_page()
     at.button(key="ab_rebuild").click().run()
     assert not at.exception
@@ -190,11 +190,11 @@ def test_export_page_offers_a_small_package_as_a_zip(tiny_builds):
 
 # ---------------------------------------------------------------------------------------------- jobs
 def test_build_job_reports_a_failed_conversion(monkeypatch, tmp_path):
-    def failing(spec, root=None, on_progress=None, timeout_s=None):
+    def failing(specs, root=None, on_progress=None, timeout_s=None):
         on_progress(jobs.Progress(0.2, "convert", "tracing"))
-        raise BuildError(f"build {spec.key} failed: out of memory (log: x.log)")
+        raise BuildError(f"build {specs[0].key} failed: out of memory (log: x.log)")
 
-    monkeypatch.setattr(jobs, "run_build", failing)
+    monkeypatch.setattr(jobs, "run_builds", failing)
     spec = BuildSpec(resolve_source("exaone-4.0-1.2b", ("num_hidden_layers=2",)), "qfold", "state", 64)
     job = jobs.BuildJob((spec,), tmp_path).start()
     job._thread.join(timeout=30)

@@ -139,6 +139,14 @@ class BuildSpec:
                    d.get("build_mode", MATERIALISED_MODE))
 
 
+def materialised_spec(spec_json: dict[str, Any]) -> BuildSpec:
+    """What exporting a runnable ``.mlpackage`` from an analysis (an analysis-mode build, or a shipped analysis)
+    builds: the same spec with weight values. Its cost: ``analyzer.build.costs.estimate_cost``."""
+    from dataclasses import replace
+
+    return replace(BuildSpec.from_json(spec_json), build_mode=MATERIALISED_MODE)
+
+
 def _compression_label(canonical: str, num_layers: int) -> str:
     """The preset's name when the spec is one (``top8``), else ``custom``; the hash tells customs apart."""
     from analyzer.build.compress import PRESETS, canonical_spec

@@ -413,7 +413,7 @@ def run(request: Path, root: Path) -> int:
                     (tmp / LOG_FILE).write_text("\n".join(_LOG) + "\n")
                     os.rename(tmp, root / spec.key)  # the one step that makes the build look finished
                     entries[spec.key].remove()
-                    emit(1.0, "done", str(root / spec.key))
+                    emit((len(todo) - len(tmps)) / len(todo), "done", str(root / spec.key))
             finally:
                 for tmp in tmps.values():
                     shutil.rmtree(tmp, ignore_errors=True)

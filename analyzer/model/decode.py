@@ -106,6 +106,18 @@ def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.M
     return model.to(dtype).eval()
 
 
+def parameter_count(source: ModelSource) -> int:
+    """Parameters of a source's model (a tied embedding/lm_head once), counted on transformers' model built on
+    the meta device: shapes only, no memory."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(source)
+    config._attn_implementation = "eager"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
 # ------------------------------------------------------------------------------------------------- value-free
 def zero_pages(shape, dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """A tensor backed by a private anonymous memory map that nothing has written: it reads as zeros and the
