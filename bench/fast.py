@@ -3,6 +3,7 @@ presets analysed in full on this machine. Run full-size parts under the machine-
 
     flock /tmp/qfold-fullsize.lock env PYTHONPATH=. .venv/bin/python bench/fast.py ratio
     flock /tmp/qfold-fullsize.lock env PYTHONPATH=. .venv/bin/python bench/fast.py presets --preset llama-3.1-8b
+    flock /tmp/qfold-fullsize.lock env PYTHONPATH=. .venv/bin/python bench/fast.py materialised
     PYTHONPATH=. .venv/bin/python bench/fast.py plain-child OUT_DIR       (internal: the plain conversion)
 
 ``ratio`` (one run): plain ``ct.convert`` + save of the full-size default Q-fold step (a random fp32 model cast
@@ -10,6 +11,9 @@ to fp16 by coremltools, as probe/convert.py; ``analyzer.build.step.convert_step`
 qfold's analysis-mode A/B of the same spec (both variants, one child, fresh builds folder: no cache, the
 equivalence check included); wall time and peak RSS of each, as ratios; and the A/B analyses against the
 shipped full-size analyses, category by category and op count by op count.
+
+``materialised``: qfold's materialised build (fp16 torch weights, a runnable package) of the default's Q-fold
+step: what exporting a package from an analysis costs (analyzer/build/costs.py is fitted to it).
 
 ``presets``: the A/B of a preset in analysis mode at each ``--ctx``: wall and peak RSS, per-variant step times,
 weights bytes per token against the analytic figure (2 bytes per parameter, an untied embedding charged for
@@ -174,6 +178,29 @@ def run_ab(preset: str, ctx: int, keep: Path | None = None) -> tuple[dict, list[
     return row, docs
 
 
+def run_materialised(preset: str, ctx: int) -> dict:
+    """qfold's materialised build (fp16 torch model, a runnable package) of the Q-fold variant: what exporting
+    a package from an analysis costs."""
+    from analyzer.build.builds import MATERIALISED_MODE, BuildSpec, run_builds
+    from analyzer.graph.record import load_analysis
+    from analyzer.model.sources import resolve_source
+
+    spec = BuildSpec(resolve_source(preset), "qfold", "state", ctx, build_mode=MATERIALISED_MODE)
+    tmp = Path(tempfile.mkdtemp(prefix="qfold-mat-"))
+    try:
+        with TreeRss() as rss:
+            t0 = time.monotonic()
+            (result,) = run_builds([spec], tmp, on_progress=_progress(t0))
+            wall = time.monotonic() - t0
+        doc = load_analysis(result.path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"preset": preset, "ctx": ctx, "wall_s": round(wall, 1), "peak_rss_tree_bytes": rss.peak_bytes,
+            "max_process_rss_bytes": rss.max_process_bytes, "timings_s": doc["timings"],
+            "package_bytes": doc["package_bytes"],
+            "weights_bytes_per_token": doc["bytes"]["bytes_per_token"]["weights"]}
+
+
 def compare_with_shipped(docs: list[dict]) -> dict:
     from analyzer.model.sources import DEFAULT_PRESET
 
@@ -255,6 +282,14 @@ def cmd_presets(args) -> None:
               f"(largest process {row['max_process_rss_bytes'] / GB:.2f} GB); checks {row['checks']}", flush=True)
 
 
+def cmd_materialised(args) -> None:
+    row = run_materialised(args.preset, 4096)
+    row["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    save("materialised", f"{args.preset}-qfold-ctx4096", row)
+    print(f"materialised fp16 build: {row['wall_s']:.0f} s, {row['peak_rss_tree_bytes'] / GB:.2f} GB peak RSS, "
+          f"package {row['package_bytes'] / GB:.2f} GB", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -262,6 +297,8 @@ def main() -> int:
     pr = sub.add_parser("presets")
     pr.add_argument("--preset", required=True)
     pr.add_argument("--ctx", default="4096")
+    pm = sub.add_parser("materialised")
+    pm.add_argument("--preset", default="exaone-4.0-1.2b")
     pc = sub.add_parser("plain-child")
     pc.add_argument("out")
     a = p.parse_args()
@@ -269,6 +306,8 @@ def main() -> int:
         plain_child(Path(a.out))
     elif a.cmd == "ratio":
         cmd_ratio(a)
+    elif a.cmd == "materialised":
+        cmd_materialised(a)
     else:
         cmd_presets(a)
     return 0
