@@ -119,3 +119,21 @@ def test_full_size_ab_in_analysis_mode(preset, tmp_path):
     assert docs["repeat_kv"]["summary"]["tile_count"] == 2 * g.num_layers
     assert docs["repeat_kv"]["summary"]["tile_output_bytes"] == 2 * g.num_layers * tile
     assert docs["qfold"]["summary"]["tile_count"] == 0
+
+
+@pytest.mark.full
+def test_full_size_default_ab_in_analysis_mode_equals_the_shipped_analyses(tmp_path):
+    """The shipped analyses (materialised, fp32-traced builds) and an analysis-mode A/B of the same spec: every
+    byte category, the bytes of every layer and every op count, const and cast included."""
+    from analyzer.build.builds import ANALYSIS_MODE, BuildSpec, run_builds
+    from analyzer.graph.record import load_analysis
+    from analyzer.model.sources import DEFAULT_PRESET
+    from analyzer.report.catalog import load_shipped
+
+    source = resolve_source(DEFAULT_PRESET)
+    specs = [BuildSpec(source, v, "state", 4096, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold")]
+    for spec, result in zip(specs, run_builds(specs, tmp_path), strict=True):
+        doc, shipped = load_analysis(result.path), load_shipped(spec.variant)
+        assert doc["bytes"]["bytes_per_token"] == shipped["bytes"]["bytes_per_token"], spec.variant
+        assert doc["bytes"]["bytes_by_layer"] == shipped["bytes"]["bytes_by_layer"], spec.variant
+        assert doc["summary"]["op_counts"] == shipped["summary"]["op_counts"], spec.variant

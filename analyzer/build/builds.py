@@ -9,7 +9,7 @@ A build folder holds ``analysis.json`` and ``build.log`` (and ``model.mlpackage`
 when everything is written, so an interrupted build never leaves a folder that looks finished. Shared
 state lives on disk with file locks (several Streamlit sessions and CLIs may build at once): one lock per
 key (two requests for the same build wait for one conversion) and one machine-wide conversion lock
-(a full-size conversion needs ~15 GB: design.md), so further conversions queue.
+(a materialised full-size conversion needs gigabytes: analyzer/build/costs.py), so further conversions queue.
 """
 
 from __future__ import annotations

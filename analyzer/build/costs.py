@@ -32,12 +32,16 @@ class CostModel:
     source: str
 
 
-# Fitted to bench/results/fast.json (see bench/fast.py); materialised from the full-size default's fp16 build.
+# Fitted to bench/results/fast.json (2 cores, 24 GiB, load average 2-6 while measured), ctx 4096:
+# analysis A/B (2 builds): exaone-4.0-1.2b W=2.56 GB 184 s / 1.52 GB; mistral-7b-v0.3 W=14.5 GB 191 s / 1.19 GB;
+# qwen2.5-7b W=15.2 GB 186 s / 2.33 GB; llama-3.1-8b W=16.1 GB 269 s / 1.77 GB (peak RSS of the process tree).
+# materialised (1 build, fp16 torch weights): exaone-4.0-1.2b W=2.56 GB 56 s / 4.61 GB, package 2.56 GB; the
+# coremltools conversion holds the weights ~1.6x over. One materialised point: the slope assumes a 0.5 GB base.
 COST_MODELS: dict[str, CostModel] = {
-    ANALYSIS_MODE: CostModel(fixed_s=60.0, s_per_weight_gb=6.0, base_rss_bytes=int(1.0 * GB),
-                             rss_per_weight_byte=0.05, source="bench/results/fast.json: ratio, presets"),
-    MATERIALISED_MODE: CostModel(fixed_s=60.0, s_per_weight_gb=45.0, base_rss_bytes=int(1.0 * GB),
-                                 rss_per_weight_byte=3.0, source="bench/results/fast.json: materialised"),
+    ANALYSIS_MODE: CostModel(fixed_s=85.0, s_per_weight_gb=2.0, base_rss_bytes=int(1.2 * GB),
+                             rss_per_weight_byte=0.04, source="bench/results/fast.json (ratio, presets)"),
+    MATERIALISED_MODE: CostModel(fixed_s=20.0, s_per_weight_gb=14.0, base_rss_bytes=int(0.5 * GB),
+                                 rss_per_weight_byte=1.6, source="bench/results/fast.json (materialised)"),
 }
 
 

@@ -197,7 +197,16 @@ def to_program(traced, step, keep_duplicate_consts: bool = False):
     prog = ct.convert(traced, **convert_kwargs(step, "milinternal", keep_duplicate_consts))
     PassPipelineManager.apply_pipeline(prog, _backend_pipeline(main_pipeline(keep_duplicate_consts), "pytorch"))
     prog._check_early_error_out_for_invalid_program()
+    _reset_names()
     return prog
+
+
+def _reset_names() -> None:
+    """What ``_mil_convert`` does after its backend: clear the op-name counters, so the next conversion in this
+    process names its ops as a fresh process would (an A/B converts twice in one process)."""
+    from coremltools.converters.mil.converter import _reset_conversion_state
+
+    _reset_conversion_state()
 
 
 # ------------------------------------------------------------------------------------------------- compress
@@ -309,6 +318,7 @@ def compress_program(prog, plan, scratch: Path) -> None:
         PassPipelineManager.apply_pipeline(prog, main)
         PassPipelineManager.apply_pipeline(prog, _backend_pipeline(main, "milinternal"))
         prog._check_early_error_out_for_invalid_program()
+        _reset_names()
     if pal or lin:
         package = scratch / "check.mlpackage"
         try:
