@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from analyzer.build import jobs
 from analyzer.build.builds import BuildResult, BuildSpec
 from analyzer.errors import BuildError
 from analyzer.fmt import MIB
 from analyzer.model.sources import resolve_source
 from analyzer.report.catalog import catalog, default_pair, shipped_analyses
-from analyzer.build import jobs
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app.py"
