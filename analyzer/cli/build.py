@@ -12,9 +12,11 @@ def add_parser(sub) -> None:
     from analyzer.model.sources import DEFAULT_PRESET, preset_names
     from analyzer.model.variants import KV_MODES, VARIANTS
 
-    p = sub.add_parser("build", help="convert a model to Core ML with one attention variant",
-                       description="Convert the decode step of a model to Core ML (iOS18, fp16) with one "
-                                   "attention variant, in a child process; reuse an existing identical build.")
+    p = sub.add_parser("build", help="convert a model to Core ML with one or more attention variants",
+                       description="Convert the decode step of a model to Core ML (iOS18, fp16) with one or more "
+                                   "attention variants, in one child process; reuse existing identical builds. "
+                                   "Analysis mode (the default) needs no weight values and keeps no package; "
+                                   "materialised mode keeps a runnable .mlpackage.")
     p.add_argument("--model", default=DEFAULT_PRESET,
                    help=f"preset ({', '.join(preset_names())}), a config.json path, or a local HF model folder "
                         "(its *.safetensors weights are loaded; never pickle, never remote code)")
