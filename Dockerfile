@@ -7,9 +7,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    QFOLD_BUILDS=/app/builds
+    QFOLD_BUILDS=/app/builds \
+    QFOLD_DATA_ROOTS=/data
 
 WORKDIR /app
+
+# Graphviz's dot draws the Graph tab, `python -m analyzer graph --out FILE.svg` and the report's layer graphs.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends graphviz \
+    && rm -rf /var/lib/apt/lists/*
 
 # torch first, the CPU-only wheel, pinned. requirements.txt pins torch==2.13.0, which the installed
 # 2.13.0+cpu satisfies (PEP 440 ignores the local label), so the next step never pulls the CUDA build.
@@ -24,6 +30,8 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin qfold \
     && chown qfold:qfold /app/builds
 USER qfold
 VOLUME /app/builds
+# Model folders and packages the dashboard may read: mount them here (read-only is enough).
+VOLUME /data
 
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \

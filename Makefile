@@ -1,9 +1,12 @@
 # Two commands from a fresh clone: `make app` (dashboard on the default preset) and `make test`.
+# `make shipped` regenerates every file in analyzer/shipped/ (full-size conversions: ~15 GB and 3-10 min each).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Prefix for the full-size conversions, e.g. FULLSIZE_LOCK="flock /tmp/qfold-fullsize.lock" on a shared machine.
+FULLSIZE_LOCK ?=
 
-.PHONY: app test lint
+.PHONY: app test lint shipped
 
 $(STAMP): requirements.txt requirements-dev.txt
 	python3 -m venv $(VENV)
@@ -21,3 +24,6 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+
+shipped: $(STAMP)
+	$(FULLSIZE_LOCK) env PYTHONPATH=. $(PY) bench/full_size.py --every-shipped

@@ -1,21 +1,29 @@
 """qfold dashboard: see the KV copies GQA ``repeat_kv`` puts into a Core ML decode graph, and the Q-fold that
 removes them. Run ``streamlit run app.py``; the pages live in ``app_pages/``, the logic in ``analyzer/``."""
 
+from pathlib import Path
+
 import streamlit as st
 
 import analyzer
 from app_pages import shared
 
-st.set_page_config(page_title="qfold", layout="wide")  # no page_icon: a material icon favicon is fetched online
+SIDEBAR_PX = 200  # Streamlit's narrowest sidebar: at 900 px wide the headline keeps two cards a row
+# A local favicon: without one, Streamlit fetches the active page's material icon from fonts.gstatic.com.
+st.set_page_config(page_title="qfold", page_icon=str(Path(__file__).parent / "app_pages" / "static" / "favicon.png"),
+                   layout="wide", initial_sidebar_state=SIDEBAR_PX)
 
 pages = [
     st.Page("app_pages/ab.py", title="A/B", icon=":material/compare_arrows:", default=True),
     st.Page("app_pages/builds.py", title="Builds", icon=":material/build:", url_path="builds"),
     st.Page("app_pages/device_logs.py", title="Device logs", icon=":material/upload_file:", url_path="device_logs"),
-    st.Page("app_pages/bandwidth.py", title="Bandwidth model", icon=":material/speed:", url_path="bandwidth"),
+    st.Page("app_pages/bandwidth.py", title="Bandwidth", icon=":material/speed:", url_path="bandwidth"),
+    st.Page("app_pages/sweeps.py", title="Sweeps", icon=":material/stacked_line_chart:", url_path="sweeps"),
     st.Page("app_pages/export.py", title="Export", icon=":material/download:", url_path="export"),
 ]
 page = st.navigation(pages)
+shared.url_restore()  # a reload or a pasted link reopens the same comparison (A, B, packages, bandwidth)
+shared.url_save()
 with st.sidebar:
     st.caption(f"qfold {analyzer.__version__} · builds in `{shared.builds_root()}`")
 page.run()

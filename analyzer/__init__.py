@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 def quiet_coremltools() -> None:
     """Silence coremltools' import-time warnings that say nothing a qfold user can act on: on Linux it
     logs one "Failed to load _ML...Proxy" per Core ML runtime class (there is no runtime here, which the
-    UI states once) and that torch 2.13 is newer than it was tested with (design.md: it works)."""
+    UI states once) and that torch 2.13 is newer than it was tested with (docs/measurements.md: it works)."""
     import logging
 
     logging.getLogger("coremltools").setLevel(logging.ERROR)

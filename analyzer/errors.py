@@ -15,3 +15,19 @@ class BuildError(QfoldError):
 
 class MilError(QfoldError):
     """A file is not a readable ML Program .mlpackage."""
+
+
+class AnalysisFileError(QfoldError):
+    """A stored analysis that cannot be read: not JSON, another schema version, a missing or mistyped field."""
+
+
+class InterpretError(QfoldError):
+    """The MIL interpreter cannot evaluate a program, an op or the inputs it was given."""
+
+
+class UnknownOpError(InterpretError):
+    """A program uses an op type the interpreter has no kernel for (never passed through silently)."""
+
+
+class FoldError(QfoldError):
+    """A package cannot be folded, or folding it would change what it computes or stores."""

@@ -6,21 +6,117 @@ import csv
 import io
 from collections.abc import Iterable, Sequence
 
-MIB = 1 << 20
-MB = 1_000_000
+MIB = 1 << 20  # MiB = 2^20 bytes
+MB = 1_000_000  # MB = 10^6 bytes (the write-up's unit for bandwidth and bytes per token)
+UNITS: dict[str, int] = {"B": 1, "KiB": 1 << 10, "MiB": MIB, "GiB": 1 << 30, "kB": 1_000, "MB": MB, "GB": 10**9}
+# The ladders ``unit="auto"`` climbs: binary (2^10 steps) or decimal (10^3 steps, the write-up's MB).
+AUTO_UNITS: dict[str, tuple[str, ...]] = {"auto": ("B", "KiB", "MiB", "GiB"), "auto-si": ("B", "kB", "MB", "GB")}
 
 
-def mib(n_bytes: int | float) -> str:
-    return f"{n_bytes / MIB:,.1f} MiB"
+def pick_unit(n_bytes: int | float, ladder: str = "auto", at_least: float = 1) -> str:
+    """The largest unit of ``ladder`` in which ``n_bytes`` reads at least ``at_least`` (``B`` below that):
+    32,768 → ``KiB``, 1,006,632,960 → ``MiB``, 3.2·10^9 → ``GiB``. One unit per value, so 32 KiB is never shown
+    as ``0 MiB``. A table column uses the unit its largest value reads ≥ 100 in (``at_least=100``), so its
+    smaller values keep their digits."""
+    if ladder not in AUTO_UNITS:
+        raise ValueError(f"unit ladder {ladder!r}: choose one of {', '.join(AUTO_UNITS)}")
+    magnitude = abs(n_bytes)
+    chosen = AUTO_UNITS[ladder][0]
+    for unit in AUTO_UNITS[ladder]:
+        if magnitude >= UNITS[unit] * at_least:
+            chosen = unit
+    return chosen
 
 
-def mb(n_bytes: int | float) -> str:
-    return f"{n_bytes / MB:,.1f} MB"
+def _auto_digits(value: float, unit: str) -> int:
+    """Whole bytes and zero; otherwise three significant figures up to 999 (``1.50 GiB``, ``60.0 KiB``,
+    ``960 MiB``)."""
+    if unit == "B" or value == 0:
+        return 0
+    magnitude = abs(value)
+    return 2 if magnitude < 10 else 1 if magnitude < 100 else 0
+
+
+def size(n_bytes: int | float, unit: str = "MiB", digits: int | None = 1, *, sign: bool = False,
+         suffix: bool = True) -> str:
+    """The one size formatter: ``size(16_777_216)`` → ``16.0 MiB``; ``sign`` adds ``+``/``-``; ``suffix``
+    False leaves the unit off (for ``a → b MiB`` pairs).
+
+    ``unit="auto"`` (binary) or ``"auto-si"`` picks the unit per value (:func:`pick_unit`) and, with ``digits``
+    None, three significant figures: ``size(32_768, "auto", None)`` → ``32.0 KiB``. A value that rounds to zero
+    is printed unsigned (never ``-0.0``)."""
+    if unit in AUTO_UNITS:
+        unit = pick_unit(n_bytes, unit)
+    if unit not in UNITS:
+        raise ValueError(f"unit {unit!r}: choose one of {', '.join((*UNITS, *AUTO_UNITS))}")
+    value = n_bytes / UNITS[unit]
+    if digits is None:
+        digits = _auto_digits(value, unit)
+    value = round(value, digits) + 0.0  # -0.0 → 0.0
+    text = f"{value:{'+' if sign and value else ''},.{digits}f}"
+    return f"{text} {unit}" if suffix else text
+
+
+def mib(n_bytes: int | float, digits: int = 1, **kwargs) -> str:
+    return size(n_bytes, "MiB", digits, **kwargs)
+
+
+def mb(n_bytes: int | float, digits: int = 1, **kwargs) -> str:
+    return size(n_bytes, "MB", digits, **kwargs)
+
+
+def change(a: int | float, b: int | float, unit: str = "MiB", digits: int | None = 0) -> str:
+    """``960 → 0 MiB``. With ``unit="auto"`` (or ``"auto-si"``) the unit fits the values: one suffix when both
+    read in the same unit or one side is zero (``2.96 → 1.08 GiB``, ``32.0 → 0 KiB``), each its own otherwise
+    (``960 MiB → 512 KiB``)."""
+    if unit in AUTO_UNITS:
+        unit_a, unit_b = pick_unit(a, unit), pick_unit(b, unit)
+        if unit_a != unit_b and b and a:
+            return f"{size(a, unit_a, digits)} → {size(b, unit_b, digits)}"
+        unit = unit_a if a else unit_b
+    return f"{size(a, unit, digits, suffix=False)} → {size(b, unit, digits)}"
+
+
+def rate(tok_per_s: float) -> str:
+    """A throughput with separators and the decimals its size deserves: ``365,455``, ``48.1``, ``5.43``,
+    ``0.125``."""
+    magnitude = abs(tok_per_s)
+    digits = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2 if magnitude >= 1 else 3
+    return f"{round(tok_per_s, digits) + 0.0:,.{digits}f}"
+
+
+def count_change(a: int, b: int) -> str:
+    """``2,521 → 2,401``."""
+    return f"{a:,} → {b:,}"
+
+
+def bandwidth(bytes_per_s: float, digits: int = 0) -> str:
+    """``55,900 MB/s`` (MB = 10^6 bytes)."""
+    return f"{size(bytes_per_s, 'MB', digits, suffix=False)} MB/s"
+
+
+def gflop(flops: int | float, digits: int = 2) -> str:
+    """``3.59 GFLOP`` (GFLOP = 10^9 floating-point operations)."""
+    return f"{flops / 1e9:,.{digits}f} GFLOP"
 
 
 def bytes_both(n_bytes: int) -> str:
     """``16.0 MiB (16,777,216 B)``: the readable figure and the exact count it came from."""
     return f"{mib(n_bytes)} ({n_bytes:,} B)"
+
+
+def layer_ranges(layers: Iterable[int]) -> str:
+    """{0, 1, 2, 3, 26, 27} → ``0-3,26-27``."""
+    xs = sorted(set(layers))
+    runs: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        runs.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(runs)
 
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
@@ -49,10 +145,26 @@ def csv_safe(value: object) -> object:
     return value
 
 
+CSV_FLOAT_DIGITS = 12  # significant digits: float64 carries ~15.9, arithmetic noise lives in the last 2-3
+
+
+def csv_number(value: object) -> object:
+    """A float as it should read in a CSV: at most 12 significant digits, so arithmetic noise
+    (``0.30000000000000004``, ``2741.5399705738107``) never reaches a spreadsheet; ``-0.0`` is written as ``0``,
+    NaN as an empty cell. Other values pass unchanged."""
+    if isinstance(value, float) and not isinstance(value, bool):
+        if value != value:  # NaN
+            return ""
+        return f"{value + 0.0:.{CSV_FLOAT_DIGITS}g}"
+    return value
+
+
 def to_csv(rows: Iterable[dict], columns: Sequence[str]) -> str:
+    """Rows as CSV: formula-like text escaped (:func:`csv_safe`), floats without binary noise
+    (:func:`csv_number`), missing values empty."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(columns)
     for r in rows:
-        w.writerow([csv_safe(r.get(c)) for c in columns])
+        w.writerow([csv_safe(csv_number(r.get(c))) for c in columns])
     return buf.getvalue()

@@ -1,15 +1,22 @@
 """Bandwidth model: measured tok/s against graph bytes per token (tok/s ≈ BW ÷ bytes), the bytes each
-measurement implies, residuals, fits per device, and the write-up's A/B cross-check."""
+measurement implies, residuals, fits per device, and the write-up's A/B cross-check (decode runs); prefill runs
+against the compute roof."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT, WRITEUP_AB_IPHONE
+from analyzer import fmt
+from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT
+from analyzer.device.logs import summarize
+from analyzer.device.profiles import load_profiles
+from analyzer.device.roofline import Roof, prefill_runs
 from analyzer.errors import QfoldError
-from analyzer.fmt import MB, MIB
-from analyzer.report import figures
-from app_pages import shared
+from analyzer.report import bandwidth_figures as figures
+from analyzer.report import roofline_figures as rf
+from analyzer.report.assumptions import assumption_notes
+from analyzer.report.catalog import phase_sibling
+from app_pages import phases, shared
 
 st.title("Bandwidth model")
 st.caption("Decode on a phone is memory-bound, so tok/s ≈ BW ÷ bytes per token. Read backwards, a measured tok/s "
@@ -26,57 +33,66 @@ by_id = shared.refs_by_id(refs)
 labels = list(dict.fromkeys(m.build for m in imported.measurements))
 mapping = shared.log_mapping(labels, refs)
 try:
-    graph = shared.graph_bytes(mapping, refs)
+    analyses = shared.mapped_analyses(mapping, refs)
 except QfoldError as e:
-    st.error(f"Cannot load a mapped analysis: {e}")
+    shared.error(e, "Cannot load a mapped analysis: ")
     st.stop()
+graph = {label: a.bytes_per_token.total for label, a in analyses.items()}
 mapped_to = sorted({by_id[i].label for i in mapping.values() if i in by_id})
 source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)" if shared.using_example_log()
           else "this session's uploaded logs")
 st.info(f"Using {source}; build labels mapped to: {'; '.join(mapped_to) or 'nothing yet'}. Change the logs or the "
         "mapping on the Device logs page.", icon=":material/science:")
 
-c1, c2, c3 = st.columns([2, 3, 2], vertical_alignment="bottom")
-mode = c1.radio("Bandwidth for predictions", ["fixed", "fitted"], horizontal=True, key="bw_mode",
-                format_func=lambda m: {"fixed": "the slider's", "fitted": "fitted per device"}[m],
-                help="Fitted: least squares per device over its mapped builds (≥ 2 with distinct bytes); devices "
-                     "without a usable fit fall back to the write-up's 55,900 MB/s.")
-with c2:
-    bw_mb_s = shared.persisted_slider("BW (MB/s)", "bw_bw_mb_s", shared.DEFAULT_BW_MB_S, min_value=5_000.0,
-                                      max_value=200_000.0, step=100.0, format="%.0f", help=WRITEUP_AB_IPHONE.source)
-overhead = c3.toggle("Fit a fixed per-token time too", key="bw_overhead",
+shared.bandwidth_control("bw")  # the same setting as the A/B page's and the report's
+bw = shared.resolved_bandwidth(refs)
+overhead = st.toggle("Fit a fixed per-token time too", key="bw_overhead",
                      help="t = bytes / BW + t0; needs ≥ 3 builds with distinct bytes on a device to be testable.")
-fits, assumptions, report = shared.bandwidth_analysis(
-    imported, graph, fixed_bw_bytes_per_s=bw_mb_s * MB if mode == "fixed" else None, overhead=overhead)
+if bw.fixed_bytes_per_s is None:
+    st.caption("Fitted per device: least squares over each device's mapped builds (≥ 2 with distinct bytes); a "
+               f"device without a usable fit uses {bw.label} ({bw.source}).")
+else:
+    st.caption(f"Predictions use **{bw.label}**: {bw.source}.", help=bw.citation or None)
+result = shared.bandwidth_analysis(imported, graph, fixed_bw_bytes_per_s=bw.fixed_bytes_per_s, overhead=overhead)
+fits, assumptions, report = result.fits, result.bandwidth, result.crosscheck
 frame = figures.bandwidth_frame(report)
 pairs = figures.pairs_frame(report)
 
 # ---------------------------------------------------------------------------------------------- A/B cross-check
+def mb_per_token(n_bytes: int | None) -> str:
+    return "—" if n_bytes is None else fmt.mb(n_bytes, suffix=False)
+
+
 for p in report.pairs:
     st.subheader(f"A/B cross-check on {p.device}")
     st.markdown(f"A = `{p.build_a}` ({p.tok_per_s_a:.2f} tok/s), B = `{p.build_b}` ({p.tok_per_s_b:.2f} tok/s); "
-                f"BW {p.bw_bytes_per_s / MB:,.0f} MB/s")
-    k1, k2, k3, k4 = st.columns(4, border=True)
-    ia, ib = p.inferred_bytes_per_token_a, p.inferred_bytes_per_token_b
-    k1.metric("A inferred, MB/token", "—" if ia is None else f"{ia / MB:,.1f}",
-              help=f"{p.bw_bytes_per_s / MB:,.0f} MB/s ÷ {p.tok_per_s_a:.2f} tok/s")
-    k2.metric("B inferred, MB/token", "—" if ib is None else f"{ib / MB:,.1f}",
-              help=f"{p.bw_bytes_per_s / MB:,.0f} MB/s ÷ {p.tok_per_s_b:.2f} tok/s")
-    k3.metric("inferred difference, MB/token", f"{p.inferred_diff_bytes / MB:,.1f}",
-              help="BW × (1/tok_A − 1/tok_B); a per-token overhead cancels out")
-    if p.graph_diff_bytes is not None:
-        k4.metric("graph difference, MB/token", f"{p.graph_diff_bytes / MB:,.1f}",
-                  delta=None if p.gap_pct is None else f"inferred is {p.gap_pct:+.1f}%", delta_color="off",
-                  help=f"= {p.graph_diff_bytes / MIB:,.0f} MiB")
+                f"BW {fmt.bandwidth(p.bw_bytes_per_s)}")
+    with st.container(horizontal=True, gap="xsmall"):  # cards wrap rather than cut numbers on narrow screens
+        values = [mb_per_token(n) for n in (p.inferred_bytes_per_token_a, p.inferred_bytes_per_token_b,
+                                            p.inferred_diff_bytes, p.graph_diff_bytes)]
+        card = {"border": True, "width": shared.metric_width_px(values, minimum=250)}
+        st.metric("A inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_a), **card,
+                  help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_a:.2f} tok/s")
+        st.metric("B inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_b), **card,
+                  help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_b:.2f} tok/s")
+        st.metric("inferred difference, MB/token", mb_per_token(p.inferred_diff_bytes), **card,
+                  help="BW × (1/tok_A − 1/tok_B); a per-token overhead cancels out")
+        if p.graph_diff_bytes is not None:
+            st.metric("graph difference, MB/token", mb_per_token(p.graph_diff_bytes), **card,
+                      delta=None if p.gap_pct is None else f"inferred is {p.gap_pct:+.1f}%", delta_color="off",
+                      delta_arrow="off", help=f"= {fmt.size(p.graph_diff_bytes, 'auto', None)}")
     st.markdown(f"Measured speedup {p.tok_per_s_a:.2f} → {p.tok_per_s_b:.2f} tok/s = **{p.speedup:.2f}×**. "
-                f"At {p.bw_bytes_per_s / MB:,.0f} MB/s the measurements imply the heavier build moves "
-                f"**{p.inferred_diff_bytes / MB:,.0f} MB** more per token; the graphs say "
-                f"**{(p.graph_diff_bytes or 0) / MB:,.0f} MB** ({abs(p.gap_pct or 0):.0f}% "
+                f"At {fmt.bandwidth(p.bw_bytes_per_s)} the measurements imply the heavier build moves "
+                f"**{fmt.mb(p.inferred_diff_bytes, 0)}** more per token; the graphs say "
+                f"**{fmt.mb(p.graph_diff_bytes or 0, 0)}** ({abs(p.gap_pct or 0):.0f}% "
                 f"{'less' if (p.gap_pct or 0) < 0 else 'more'} inferred than counted).")
+    for build in (p.build_a, p.build_b):
+        for note in assumption_notes(analyses[build]) if build in analyses else ():
+            st.caption(f"Assumed for `{build}`'s graph bytes — {note}")
 
 # ---------------------------------------------------------------------------------------------- chart
 st.subheader("Measured vs graph")
-st.plotly_chart(figures.bandwidth_figure(frame, shared.bandwidth_curves(bw_mb_s * MB, fits)), key="bw_chart")
+st.plotly_chart(figures.bandwidth_figure(frame, shared.bandwidth_curves(bw.bytes_per_s, fits)), key="bw_chart")
 st.markdown("The numbers of the charts on this page (filled markers: graph bytes; open markers: the bytes each "
             "measured tok/s implies at its device's bandwidth):")
 shared.table_with_download(frame, "bw_builds_csv", "bandwidth_crosscheck.csv", display=shared.crosscheck_display(frame))
@@ -86,15 +102,13 @@ if report.unmapped_builds:
 uses: dict[str, list[str]] = {}
 for device, a in assumptions.items():
     extra = f" + {a.overhead_s * 1e3:.2f} ms/token" if a.overhead_s else ""
-    uses.setdefault(f"{a.bytes_per_s / MB:,.0f} MB/s{extra} ({a.source})", []).append(device)
-for what, devices in uses.items():
-    st.caption(f"Predictions for {', '.join(devices)} use {what}.")
+    uses.setdefault(f"{fmt.bandwidth(a.bytes_per_s)}{extra} ({a.source})", []).append(device)
+if bw.fixed_bytes_per_s is None:  # fitted: each device says which bandwidth its predictions use
+    for what, devices in uses.items():
+        st.caption(f"Predictions for {', '.join(devices)} use {what}.")
 
-left, right = st.columns(2)
-with left:
-    st.plotly_chart(figures.inferred_vs_graph_figure(frame), key="bw_inferred_chart")
-with right:
-    st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
+st.plotly_chart(figures.inferred_vs_graph_figure(frame), key="bw_inferred_chart")
+st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
 
 # ---------------------------------------------------------------------------------------------- fits
 st.subheader("Fits per device")
@@ -117,3 +131,41 @@ if compressed and fp16_graphs:
             f"bandwidth cannot fit both (residuals above {DEFAULT_MAX_RESIDUAL_PCT:g}% are expected). The A/B "
             "difference is unaffected: quantization and weights are the same on both sides, and the difference is "
             "the KV replication.", icon=":material/info:")
+
+# ---------------------------------------------------------------------------------------------- prefill runs
+st.subheader("Prefill runs against the compute roof")
+prefill_summaries = summarize(imported.measurements, phase="prefill")
+if not prefill_summaries:
+    st.caption("No prefill runs in these logs (llama-bench `pp…`, runners' prompt lines, or `phase=prefill` rows). "
+               "The fits above use decode runs only; prefill is compute-bound, so it is held against FLOPs instead.")
+else:
+    profiles = {k: p for k, p in load_profiles().items() if p.has_compute_roof}
+    key = shared.persisted_selectbox("Device roofs for the prefill runs", list(profiles), "bw_roof_profile",
+                                     default=phases.DEFAULT_ROOF_PROFILE, format_func=lambda k: profiles[k].label)
+    roof = Roof.of(profiles[key])
+    prefill_analyses = {}
+    for label, ref_id in mapping.items():
+        sibling = phase_sibling(by_id[ref_id], "prefill", refs) if ref_id and ref_id in by_id else None
+        prefill_analyses[label] = shared.load(sibling) if sibling is not None else None
+    runs = prefill_runs(prefill_summaries, prefill_analyses, roof)
+    prefill_frame = rf.prefill_runs_frame(runs)
+    if prefill_frame["implied_flops_per_s"].notna().any():
+        st.plotly_chart(rf.prefill_runs_figure(prefill_frame, roof), key="bw_prefill_chart")
+    shared.table_with_download(prefill_frame, "bw_prefill_csv", "prefill_runs.csv",
+                               caption="implied FLOP/s = measured prompt tok/s × FLOPs per prompt token of the "
+                                       "mapped label's prefill analysis (a prefill build, or the prefill function of a "
+                                       "decode+prefill package); predicted = the roofline's bound for that analysis. "
+                                       f"Roofs: {roof.source}.")
+
+# ---------------------------------------------------------------------------------------------- device model
+with st.expander("Device model: t = Σ bytes_c / BW_c + n_ops·τ + t0 (the same fit as `fit --sweep`)"):
+    from analyzer.device.model_report import device_model_report, report_text, table_from_analyses
+
+    if not analyses:
+        st.info("Map log labels to analyses on the Device logs page to fit the device model.")
+    else:
+        model_report = device_model_report(imported.measurements, table_from_analyses(analyses))
+        st.caption("Fitted per device on the mapped analyses' bytes by category, with only the terms these logs can "
+                   "identify; for a model selection between graphs, run a sweep and `python -m analyzer fit LOGS "
+                   "--sweep TABLE`, or see the Sweeps page.")
+        st.code(report_text(model_report) or "no measured row matches a mapped analysis's ctx", language=None)

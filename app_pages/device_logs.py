@@ -1,5 +1,6 @@
-"""Device logs: upload measured throughput (qfold CSV or llama-bench), see every rejected row and why, the
-accepted runs, per-(build, device) statistics, and map each log build label to an analysis."""
+"""Device logs: upload or paste measured throughput (any format the importer reads, recognised by content), see
+every rejected row and why, the accepted runs by phase, per-condition statistics, and map each log build label to
+an analysis."""
 
 from __future__ import annotations
 
@@ -9,30 +10,76 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
-from analyzer.device.logs import KNOWN_COLUMNS, REQUIRED_COLUMNS, LogLimits, summarize
+from analyzer.device.logs import FORMATS, LogLimits, normalize_label, summarize
 from app_pages import shared
 
 st.title("Device logs")
 limit_mib = LogLimits().max_file_bytes / 2**20
-st.caption(f"One row per measured run. Required columns: {', '.join(f'`{c}`' for c in REQUIRED_COLUMNS)}; optional: "
-           f"{', '.join(f'`{c}`' for c in KNOWN_COLUMNS if c not in REQUIRED_COLUMNS)}. llama.cpp `llama-bench` "
-           f"CSV / JSON / JSONL is read as well. Up to {limit_mib:g} MiB per file; nothing is written to disk.")
+st.caption("One row per measured run. Read by content, whatever the file is called: "
+           + "; ".join(spec.description for spec in FORMATS.values())
+           + f". Up to {limit_mib:g} MiB per file; nothing is written to disk.")
+
+
+def compose() -> None:
+    """The session's logs: uploads, then pasted texts (the uploader forgets its files when another page is
+    shown, so both live in session state)."""
+    st.session_state["logs_files"] = [*st.session_state.get("logs_uploads", []),
+                                      *st.session_state.get("logs_pasted", [])]
 
 
 def keep_uploads() -> None:
-    """Uploads live in session state (the uploader forgets them when another page is shown)."""
     files = st.session_state.get("logs_uploader") or []
-    st.session_state["logs_files"] = [(f.name, f.getvalue()) for f in files]
+    st.session_state["logs_uploads"] = [(f.name, f.getvalue()) for f in files]
+    compose()
 
 
-st.file_uploader("Upload device logs", type=["csv", "json", "jsonl"], accept_multiple_files=True,
-                 key="logs_uploader", on_change=keep_uploads)
+def add_paste() -> None:
+    """A paste is one more file, named ``pasted text N``, read exactly as an upload (never written to disk)."""
+    text = st.session_state.get("logs_paste_text") or ""
+    if not text.strip():
+        return
+    pasted = st.session_state.setdefault("logs_pasted", [])
+    pasted.append((f"pasted text {len(pasted) + 1}", text.encode("utf-8")))
+    st.session_state["logs_paste_text"] = ""
+    compose()
+
+
+def keep_label(widget: str, key: str) -> None:
+    """A device/build label for rows that name none, normalised as the importer normalises labels."""
+    raw = st.session_state.get(widget) or ""
+    label = normalize_label(raw)
+    if label and any(ord(c) < 32 or c == "\x7f" for c in label):
+        st.session_state[f"{key}_error"] = f"{raw!r} holds a control character; the label is not used"
+        label = ""
+    else:
+        st.session_state.pop(f"{key}_error", None)
+    st.session_state[key] = label or None
+
+
+st.file_uploader("Upload device logs", accept_multiple_files=True, key="logs_uploader", on_change=keep_uploads)
+with st.expander("Paste a table or runner output", expanded=bool(st.session_state.get("logs_pasted"))):
+    st.text_area("Pasted text", key="logs_paste_text", height=180,
+                 placeholder="| model | size | params | backend | ngl | test | t/s |\n…\n\n"
+                             "or the last lines a runner printed: llama_perf_context_print: eval time = …")
+    st.button("Read the pasted text", key="logs_paste_add", on_click=add_paste, icon=":material/content_paste:")
+left, right = st.columns(2)
+left.text_input("Device, for rows that name none", key="logs_device_input", on_change=keep_label,
+                args=("logs_device_input", "logs_device"),
+                help="llama-bench markdown and runner logs name no device; without a name the file name stands in.")
+right.text_input("Build label, for rows that name none", key="logs_label_input", on_change=keep_label,
+                 args=("logs_label_input", "logs_label"),
+                 help="Runner logs name no build; the label can be mapped to an analysis below.")
+for key in ("logs_device", "logs_label"):
+    if st.session_state.get(f"{key}_error"):
+        st.error(st.session_state[f"{key}_error"], icon=":material/block:")
+
 if shared.using_example_log():
     st.info("Showing the write-up's published figures (`examples/writeup_device_logs.csv`): the identical-condition "
-            "A/B (20.39 → 54.30 tok/s) and the device table. Upload logs to replace them.",
+            "A/B (20.39 → 54.30 tok/s) and the device table. Upload or paste logs to replace them.",
             icon=":material/science:")
 elif st.button("Back to the example log", key="logs_reset"):
-    st.session_state["logs_files"] = []
+    for key in ("logs_files", "logs_uploads", "logs_pasted"):
+        st.session_state[key] = []
     st.rerun()
 
 imported = shared.log_import()
@@ -40,10 +87,16 @@ imported = shared.log_import()
 # ---------------------------------------------------------------------------------------------- validation
 st.subheader("Validation")
 files = pd.DataFrame([{"file": f.file_name, "format": f.format or "?", "accepted": f.accepted, "records": f.n_records,
-                       "accepted rows": f.n_accepted, "rejected rows": f.n_rejected, "skipped rows": f.n_skipped}
+                       "accepted rows": f.n_accepted, "rejected rows": f.n_rejected, "skipped rows": f.n_skipped,
+                       "derived fields": "; ".join(f.derived), "duplicate of": f.duplicate_of or ""}
                       for f in imported.files])
 if len(files):
-    st.dataframe(files, hide_index=True, width="stretch")
+    shared.show_table(files)
+    st.caption("Derived fields are computed, not read: how each one was computed is listed here and per row below.")
+for f in imported.files:
+    if f.duplicate_of:
+        st.info(f"**{f.file_name}** is the same file as **{f.duplicate_of}** (identical content): its runs are counted "
+                "once.", icon=":material/content_copy:")
 for name in imported.rejected_files:
     reasons = "; ".join(i.describe() for i in imported.errors if i.file_name == name)
     st.error(f"**{name}** was rejected as a whole: {reasons}", icon=":material/block:")
@@ -61,22 +114,32 @@ st.subheader("Accepted runs")
 if not imported.measurements:
     st.warning("No accepted runs: fix the rows listed above, or go back to the example log.")
     st.stop()
+by_phase = {phase: len(imported.by_phase(phase)) for phase in ("decode", "prefill", "mixed")}
+st.caption(f"{by_phase['decode']} decode, {by_phase['prefill']} prefill and {by_phase['mixed']} mixed run(s). Only "
+           "decode runs are fitted by the bandwidth model; mixed runs (a prompt and generation timed together) are "
+           "fitted with neither.")
 shared.table_with_download(imported.measurements_frame(), "logs_accepted_csv", "accepted_runs.csv", max_height=300)
 
-st.subheader("Per build and device")
-summary = pd.DataFrame([asdict(s) for s in summarize(imported.measurements)])
+st.subheader("Per build, device and condition")
+summary = pd.DataFrame([{**asdict(s), "mean_s_per_token": s.mean_s_per_token}
+                        for s in summarize(imported.measurements, phase=None)])
 shared.table_with_download(summary, "logs_summary_csv", "build_device_summary.csv",
-                           caption="std is the sample standard deviation (n − 1); with one run it is reported as 0.")
+                           caption="mean_tok_per_s is the harmonic mean of the runs (1 / mean seconds per token): the "
+                                   "model is linear in time per token. Runs of different phase, context length, "
+                                   "compute units, quantization or OS are never averaged together. std is the sample "
+                                   "standard deviation of tok/s (n − 1); with one run it is reported as 0.")
 
 # ---------------------------------------------------------------------------------------------- mapping
 st.subheader("Map log builds to analyses")
 st.caption("Each build label in the logs gets its graph bytes per token from the analysis chosen here; the Bandwidth "
-           "page uses this mapping. Labels that name a variant (`…-repeat_kv-…`, `…-qfold-…`) start mapped to that "
-           "side of the default A/B pair.")
+           "page and the A/B page's measured tok/s use this mapping. A label maps by itself when it names a model, "
+           "one variant (`repeat_kv`, `qfold`) and optionally a compression (`top8`) and ctx (`ctx4096`) that one "
+           "analysis has (a build key maps to its build); otherwise it stays unmapped and says why.")
 refs = shared.analysis_refs()
 by_id = shared.refs_by_id(refs)
 labels = list(dict.fromkeys(m.build for m in imported.measurements))
 mapping = shared.log_mapping(labels, refs)
+auto = shared.log_label_auto(labels, refs)
 options = ["", *by_id]
 
 
@@ -91,3 +154,11 @@ for label in labels:
     st.selectbox(label, options, index=options.index(current) if current in options else 0, key=widget,
                  on_change=remember, args=(label, widget),
                  format_func=lambda i: by_id[i].label if i else shared.UNMAPPED)
+    match = auto[label]
+    if not current:
+        st.caption(f"Not mapped: {match.reason}. Pick an analysis to use its bytes.")
+    elif current == match.ref_id:
+        st.caption(f"Mapped by its label: {match.reason}.")
+    else:
+        st.caption("Mapped by you" + (f" (by its label it would be: {by_id[match.ref_id].label})"
+                                      if match.ref_id in by_id else f" (by its label: {match.reason})") + ".")

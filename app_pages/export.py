@@ -1,23 +1,35 @@
 """Export: the A/B as a one-file HTML report, one analysis as JSON and CSV tables, and its Core ML package
-(zipped when small; a full-size package is served as a server path and a command instead)."""
+(zipped when clicked if it is small; a full-size package is given as its server path and the command that zips
+it there, never pushed through the browser: Streamlit keeps a download's bytes in server memory)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from functools import partial
 
 import streamlit as st
 
-from analyzer.build.builds import ANALYSIS_MODE, MATERIALISED_MODE, materialised_spec
-from analyzer.build.costs import analysis_weight_bytes, estimate_cost
+from analyzer import fmt
+from analyzer.build.builds import ANALYSIS_MODE, materialised_spec
 from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError
-from analyzer.fmt import MB, MIB, to_csv
-from analyzer.graph.accounting import OP_COLUMNS, account
-from analyzer.graph.record import program_from_json
+from analyzer.fmt import to_csv
+from analyzer.graph.accounting import OP_COLUMNS
+from analyzer.graph.record import Analysis
+from analyzer.model.cost import estimate
+from analyzer.model.sources import load_config
 from analyzer.report import figures
-from analyzer.report.report import MAX_DOWNLOAD_PACKAGE_BYTES, build_report, package_size_bytes, zip_package
+from analyzer.report.assumptions import assumption_notes
+from analyzer.report.catalog import AnalysisRef
+from analyzer.report.report import (
+    MAX_DOWNLOAD_PACKAGE_BYTES,
+    build_report,
+    package_size_bytes,
+    zip_command,
+    zip_package,
+)
 from app_pages import shared
 
 st.title("Export")
@@ -29,15 +41,26 @@ if pair is None:
     st.stop()
 ref_a, ref_b = pair
 try:
-    doc_a, doc_b = shared.load_doc(ref_a), shared.load_doc(ref_b)
+    analysis_a, analysis_b = shared.load(ref_a), shared.load(ref_b)
 except QfoldError as e:
-    st.error(f"Cannot load the analysis: {e}")
+    shared.error(e, "Cannot load the analysis: ")
     st.stop()
 
 
-def ops_csv(doc: dict) -> str:
+def ops_csv(analysis: Analysis) -> str:
     """Every op's bytes per token (run when clicked, in Streamlit's download thread: no st calls here)."""
-    return to_csv(account(program_from_json(doc["program"])).op_rows(), OP_COLUMNS)
+    return to_csv(analysis.account.op_rows(), OP_COLUMNS)
+
+
+def file_stem(ref: AnalysisRef) -> str:
+    """``exaone-4.0-1.2b_qfold_ctx4096_fp16_full-size_shipped``: what the analysis is, as a file name (letters,
+    digits and ``._-`` only; a package's own name when qfold did not build it)."""
+    if ref.facts is None:
+        parts = [ref.path.stem, *([ref.function] if ref.function else [])]
+    else:
+        f = ref.facts
+        parts = [f.model, f.variant, f"ctx{f.ctx}", f.compression, f.size, ref.kind]
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join(parts)).strip(".-")[:100] or "analysis"
 
 
 def download(label: str, data, file_name: str, mime: str, key: str) -> None:
@@ -49,21 +72,25 @@ def download(label: str, data, file_name: str, mime: str, key: str) -> None:
 # ---------------------------------------------------------------------------------------------- report
 with st.container(border=True):
     st.subheader("A/B report")
-    bw_mb_s = float(st.session_state.get("ab_bw_mb_s", shared.DEFAULT_BW_MB_S))
+    measured = shared.measured(ref_a, ref_b, refs)
+    bw = shared.resolved_bandwidth(refs, prefer_device=measured.device if measured else None)
     label_a, label_b = shared.short_label(ref_a), shared.short_label(ref_b)
     st.markdown(f"One HTML file, readable offline (plotly.js is embedded): headline, waterfall, op counts, tiles, "
                 f"bytes per layer with their tables, and the bandwidth cross-check of this session's device logs.\n\n"
-                f"- A: {ref_a.label}\n- B: {ref_b.label}\n- bandwidth for predictions: {bw_mb_s:,.0f} MB/s "
-                "(set on the A/B page)")
+                f"- A: {ref_a.label}\n- B: {ref_b.label}\n- bandwidth for predictions: **{bw.label}** ({bw.source}; "
+                f"the A/B and Bandwidth pages set it)\n- compressed weights charged: "
+                f"{shared.CHARGE_NAMES[shared.weight_charge()]} (set on "
+                "the A/B page)")
     try:
-        section = shared.bandwidth_section(refs, bw_mb_s * MB)
+        section = shared.bandwidth_section(refs, bw)
     except (QfoldError, ValueError) as e:
-        st.warning(f"The report leaves out the bandwidth section: {e}")
+        st.warning(f"The report leaves out the bandwidth section: {shared.for_ui(str(e))}")
         section = None
 
     def report_html() -> bytes:
-        return build_report(doc_a, doc_b, label_a=f"{label_a}: {ref_a.label}", label_b=f"{label_b}: {ref_b.label}",
-                            bw_bytes_per_s=bw_mb_s * MB, bandwidth=section).encode("utf-8")
+        return build_report(analysis_a, analysis_b, label_a=f"{label_a}: {ref_a.label}",
+                            label_b=f"{label_b}: {ref_b.label}", bw_bytes_per_s=bw.bytes_per_s,
+                            bandwidth=section, bandwidth_source=f"{bw.label}, {bw.source}").encode("utf-8")
 
     download("Download the HTML report", report_html, "qfold_ab_report.html", "text/html", "export_report")
 
@@ -74,26 +101,32 @@ with st.container(border=True):
                                         format_func=lambda i: by_id[i].label)
     ref = by_id[ref_id]
     try:
-        doc = shared.load_doc(ref)
+        analysis = shared.load(ref)
     except QfoldError as e:
-        st.error(str(e))
+        shared.error(e)
         st.stop()
-    stem = (ref.variant or ref.path.stem) + ("" if ref.kind == "shipped" else f"_{ref.kind}")
-    b = doc["bytes"]["bytes_per_token"]
-    st.markdown(f"{doc['summary']['total_ops']:,} ops · {doc['summary']['tile_count']} tile ops · "
-                f"{b['total'] / MIB:,.1f} MiB ({b['total'] / MB:,.1f} MB) per token")
+    stem = file_stem(ref)
+    total = analysis.bytes_per_token.total
+    st.markdown(f"{analysis.summary.total_ops:,} ops · {analysis.summary.tile_count} tile ops · "
+                f"{fmt.size(total, 'auto', None)} ({fmt.size(total, 'auto-si', None)}) per token")
+    for note in assumption_notes(analysis):
+        st.caption(f"Assumed — {note}")
+
+    def analysis_json(a: Analysis) -> bytes:
+        return json.dumps(a.to_json(), separators=(",", ":"), allow_nan=False).encode()
+
     c1, c2, c3 = st.columns(3)
     with c1:
-        download("analysis.json", partial(lambda d: json.dumps(d, separators=(",", ":")).encode(), doc),
-                 f"{stem}.analysis.json", "application/json", "export_json")
-        download("Op table (CSV)", partial(ops_csv, doc), f"{stem}_ops.csv", "text/csv", "export_ops")
+        download("analysis.json", partial(analysis_json, analysis), f"{stem}.analysis.json", "application/json",
+                 "export_json")
+        download("Op table (CSV)", partial(ops_csv, analysis), f"{stem}_ops.csv", "text/csv", "export_ops")
     with c2:
-        download("Bytes per token (CSV)", shared.frame_csv(figures.bytes_per_token_frame(doc)),
+        download("Bytes per token (CSV)", shared.frame_csv(figures.bytes_per_token_frame(analysis)),
                  f"{stem}_bytes_per_token.csv", "text/csv", "export_bytes")
-        download("Bytes per layer (CSV)", shared.frame_csv(figures.bytes_by_layer_frame(doc)),
+        download("Bytes per layer (CSV)", shared.frame_csv(figures.bytes_by_layer_frame(analysis)),
                  f"{stem}_bytes_by_layer.csv", "text/csv", "export_layers")
     with c3:
-        download("Tile ops (CSV)", shared.frame_csv(figures.tile_frame(doc)), f"{stem}_tiles.csv", "text/csv",
+        download("Tile ops (CSV)", shared.frame_csv(figures.tile_frame(analysis)), f"{stem}_tiles.csv", "text/csv",
                  "export_tiles")
     st.caption("CSV cells that a spreadsheet would run as a formula (starting with = + - @ | %, a tab or NUL) are "
                "escaped with a leading apostrophe.")
@@ -102,36 +135,44 @@ with st.container(border=True):
 with st.container(border=True):
     st.subheader("Core ML package")
     if ref.package_path is None or not ref.package_path.is_dir():
+        build = analysis.build
         made = ("was made in analysis mode (value-free weights: shapes and dtypes, no values)"
-                if doc.get("build_mode") == ANALYSIS_MODE else "carries no weights (shipped analyses never do)")
+                if build is not None and build.build_mode == ANALYSIS_MODE
+                else "carries no weights (shipped analyses and sweep points never do)")
         st.info(f"This analysis has no .mlpackage on this server: it {made}.", icon=":material/info:")
-        if doc.get("spec"):
+        if build is not None and build.spec.variant != "repeat_kv+fold":
             try:
-                spec = materialised_spec(doc["spec"])
+                spec = materialised_spec(build.spec)
+                cost = estimate(load_config(spec.source), spec.ctx, spec.build_mode)
             except QfoldError as e:
-                st.error(f"Cannot rebuild it: {e}")
+                st.error(f"Cannot rebuild it: {shared.for_ui(str(e))}")
             else:
-                cost = estimate_cost(MATERIALISED_MODE, analysis_weight_bytes(doc))
-                st.markdown(f"A runnable package needs a **materialised build** of the same spec (same analysis, "
-                            f"with weight values): {cost.summary()}, estimated from {cost.source}. It runs in "
-                            "the background and waits its turn; the package then appears here.")
+                st.markdown(f"A runnable package needs a **materialised build** of the same spec (the same analysis, "
+                            f"with weight values): {cost.summary().removeprefix('~')} (estimated; "
+                            "analyzer/model/cost.py). It runs in the background and waits its turn; the package "
+                            "then appears here.")
                 if st.button("Make a runnable package", key="export_materialise", icon=":material/build:",
                              disabled=spec.key in shared.running_keys()):
                     shared.start_job(BuildJob((spec,), shared.builds_root()))
                     st.toast(f"Queued the materialised build {spec.key}")
                 st.caption(f"Or on the command line: `python -m analyzer build --mode materialised --model "
                            f"{spec.source.ref} --variant {spec.variant} --ctx {spec.ctx}` (plus its `--set` "
-                           "overrides and compression).")
+                           "overrides, phase and compression).")
+        else:
+            st.caption("Build it on the Builds page (or rebuild the A/B pair at full size from the A/B page).")
     else:
         size = package_size_bytes(ref.package_path)
-        st.markdown(f"`{ref.package_path}` — {size / MB:,.1f} MB ({size / MIB:,.1f} MiB)")
+        zip_name = f"{stem}.mlpackage.zip"
+        st.markdown(f"`{ref.package_path}` — {fmt.size(size, 'auto-si', None)} ({fmt.size(size, 'auto', None)})")
         if size <= MAX_DOWNLOAD_PACKAGE_BYTES:
-            download("Download the .mlpackage (zip)", partial(zip_package, ref.package_path),
-                     f"{stem}.mlpackage.zip", "application/zip", "export_package")
+            download("Download the .mlpackage (zip)", partial(zip_package, ref.package_path, f"{stem}.mlpackage"),
+                     zip_name, "application/zip", "export_package")
+            st.caption(f"Zipped when you click (it unzips to `{stem}.mlpackage`); the zip is held in server memory "
+                       "only while it downloads.")
         else:
-            st.warning(f"Over {MAX_DOWNLOAD_PACKAGE_BYTES / MB:,.0f} MB: a browser download would hold it in server "
-                       "memory for the session, so copy it from the server instead.", icon=":material/warning:")
-            parent, name = shlex.quote(str(ref.package_path.parent)), shlex.quote(ref.package_path.name)
-            st.code(f"# on the server\ncd {parent} && zip -qr /tmp/{shlex.quote(stem)}.mlpackage.zip {name}\n"
-                    f"# or, from your machine\nscp -r {shlex.quote('SERVER:' + str(ref.package_path))} .",
-                    language="bash")
+            st.warning(f"Over {fmt.size(MAX_DOWNLOAD_PACKAGE_BYTES, 'auto-si', None)}: a browser download would hold "
+                       "the whole zip in server memory, so zip it on the server and copy it from there:",
+                       icon=":material/warning:")
+            st.code(f"# on the server\n{zip_command(ref.package_path, zip_name)}\n"
+                    f"# or copy the package folder from your machine\n"
+                    f"scp -r {shlex.quote('SERVER:' + str(ref.package_path))} .", language="bash")

@@ -3,7 +3,7 @@
 import pytest
 
 from analyzer.build.convert import convert_step
-from analyzer.graph.accounting import CATEGORIES, RULES, account
+from analyzer.graph.accounting import CATEGORIES, account
 from analyzer.graph.mil import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, resolve_source
@@ -58,10 +58,7 @@ def test_every_byte_belongs_to_exactly_one_op_and_category(accounts):
         assert not a.unruled_op_types
 
 
-def test_views_move_nothing_and_every_rule_is_documented(accounts):
+def test_views_move_nothing(accounts):
     a = accounts["repeat_kv", 128]
-    for o in a.ops:
-        if o.type in ("reshape", "expand_dims", "squeeze", "read_state", "write_state", "const"):
-            assert o.total == 0, o
-    for rule in set(RULES.values()):
-        assert rule.__doc__ and len(rule.__doc__) > 40, rule
+    views = [o for o in a.ops if o.type in ("reshape", "expand_dims", "squeeze", "read_state", "write_state", "const")]
+    assert views and all(o.total == 0 for o in views)

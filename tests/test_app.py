@@ -11,21 +11,21 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from analyzer import fmt
 from analyzer.build import jobs
 from analyzer.build.builds import BuildResult, BuildSpec
+from analyzer.device.logs import parse_logs, summarize
 from analyzer.errors import BuildError
-from analyzer.fmt import MIB
 from analyzer.model.sources import resolve_source
-from analyzer.report.catalog import catalog, default_pair, shipped_analyses
+from analyzer.report.catalog import catalog, default_pair, measured_pairs, shipped_analyses
+from analyzer.report.labels import default_log_mapping
 
 REPO = Path(__file__).resolve().parent.parent
 APP = REPO / "app.py"
+EXAMPLE_LOG = REPO / "examples" / "writeup_device_logs.csv"
 PAGES = ["app_pages/ab.py", "app_pages/builds.py", "app_pages/device_logs.py", "app_pages/bandwidth.py",
          "app_pages/export.py"]
 TIMEOUT_S = 120
-# TODO(lead): flip to True once analyzer/shipped/ is committed, so a missing shipped default fails the suite
-# instead of falling back to the tiny builds.
-REQUIRE_SHIPPED = True
 
 
 def open_page(page: str | None = None, **state) -> AppTest:
@@ -45,13 +45,18 @@ def texts(elements) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def expected_pair(tiny_builds) -> tuple[dict, dict]:
-    """The two analyses the A/B page opens on, loaded the way the app loads them."""
-    from analyzer.graph.record import load_program
+def expected_pair(tiny_builds):
+    """The two analyses the A/B page opens on (the pair the example device log measured, else the shipped
+    default), loaded the way the app loads them."""
+    from analyzer.graph.record import load_analysis
 
-    pair = default_pair(catalog())
+    refs = catalog()
+    measured = parse_logs([(EXAMPLE_LOG.name, EXAMPLE_LOG.read_bytes())]).measurements
+    labels = list(dict.fromkeys(m.build for m in measured))
+    mapping = default_log_mapping(labels, refs)
+    pair = default_pair(refs, measured_pairs(refs, mapping, summarize(measured)))
     assert pair is not None
-    return load_program(pair[0].path)[1], load_program(pair[1].path)[1]
+    return load_analysis(pair[0].path), load_analysis(pair[1].path)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -65,47 +70,75 @@ def test_ab_page_shows_the_default_pair(expected_pair):
     a, b = expected_pair
     at = open_page()
     metrics = {m.label: m.value for m in at.metric}
-    ta, tb = a["summary"]["tile_count"], b["summary"]["tile_count"]
-    assert metrics["tile ops, A → B"] == f"{ta:,} → {tb:,}"
-    assert ta > 0 and tb == 0  # repeat_kv leaves tiles, Q-fold none
-    assert metrics["tile output per token, A → B"].endswith("→ 0 MiB")
-    shipped = {"repeat_kv", "qfold"} <= set(shipped_analyses())
-    assert shipped or not REQUIRE_SHIPPED, "analyzer/shipped/ lacks the default repeat_kv and qfold analyses"
-    if shipped:  # the write-up's figures (design.md): 60 tiles × 16 MiB, written and read again
-        assert metrics["tile ops, A → B"] == "60 → 0"
-        assert metrics["tile output per token, A → B"] == "960 → 0 MiB"
-        total_a = a["bytes"]["bytes_per_token"]["total"]
-        assert metrics["bytes per token, A → B (MiB)"].startswith(f"{total_a / MIB:,.0f} → ")
-        cats = next(d.value for d in at.dataframe if "Δ MiB" in d.value.columns).set_index("category")
-        assert cats.loc["replication", "Δ MiB"] == pytest.approx(-1_920.0)
-        assert cats.loc["replication", "Δ MB"] == pytest.approx(-2_013.27, abs=0.01)
-    assert any("bit-identical" in s and "greedy tokens agree" in s for s in texts(at.success))
+    assert set(shipped_analyses()) >= {"repeat_kv", "qfold"}
+    # the write-up's figures: 60 tiles × 16 MiB, written and read again
+    assert a.summary.tile_count == 60 and b.summary.tile_count == 0
+    assert metrics["tile ops, A → B"] == "60 → 0"
+    assert metrics["tile output per token, A → B"] == "960 → 0 MiB"
+    assert metrics["bytes per token, A → B"] == fmt.change(a.bytes_per_token.total, b.bytes_per_token.total, "auto",
+                                                          None)
+    assert metrics["bytes per token, A → B"].endswith(" GiB")  # ~3 GiB per token: the unit the value reads best in
+    cats = next(d.value for d in at.dataframe if "Δ MiB" in d.value.columns).set_index("category")
+    assert cats.loc["replication", "Δ MiB"] == pytest.approx(-1_920.0)
+    assert cats.loc["replication", "Δ MB"] == pytest.approx(-2_013.27, abs=0.01)
+    # the torch pair ran on uncompressed weights: a compressed (measured top8) pair must not claim bit-identity
+    compressed = a.build is not None and a.build.spec.compression is not None
+    expected = "uncompressed torch weights" if compressed else "bit-identical"
+    assert any(expected in s and "greedy agreement" in s for s in texts(at.success)), texts(at.success)
     assert any("No Core ML runtime on Linux" in c for c in texts(at.caption))
-    # the drill-down's sum equals the total it expands
-    assert any("✓" in s for s in texts(at.success)), texts(at.success)
-    assert not any("does not add up" in e for e in texts(at.error))
+    # the drill-down tab sums the ops of every category: all of them for the total
+    assert any(f"sum {a.bytes_per_token.total:,} bytes" in m and "100.0% of" in m for m in texts(at.markdown))
+    # the measured (top8) pair states the preset's assumed attention precision; an fp16 pair assumes nothing
+    compressed = a.build is not None and a.build.spec.compression is not None
+    assert any("Assumed" in c for c in texts(at.caption)) == compressed
 
 
-def test_ab_bandwidth_slider_changes_the_prediction(expected_pair):
+def test_ab_bandwidth_setting_changes_the_prediction_everywhere(expected_pair):
     at = open_page()
     before = next(m for m in at.metric if m.label.startswith("predicted tok/s"))
-    at.slider(key="ab_bw_mb_s__widget").set_value(111_800.0).run()
+    at.radio(key="bwset_ab_source").set_value("typed").run()
+    at.number_input(key="bwset_ab_typed").set_value(111_800.0).run()
     after = next(m for m in at.metric if m.label.startswith("predicted tok/s"))
     assert before.label.endswith("55,900 MB/s") and after.label.endswith("111,800 MB/s")
     assert before.value != after.value
+    # the one setting: the Bandwidth page and the URL carry the same value
+    assert at.session_state["bw_setting"].to_text() == "typed:111800"
+    assert at.query_params["bw"] in ("typed:111800", ["typed:111800"])
+    at.switch_page("app_pages/bandwidth.py")
+    at.run()
+    assert at.radio(key="bwset_bw_source").value == "typed"
+    assert at.number_input(key="bwset_bw_typed").value == 111_800.0
+    assert any("111,800 MB/s" in c for c in texts(at.caption)), texts(at.caption)
 
 
 def test_ab_drilldown_filters_to_a_layer_and_op_type(expected_pair):
     at = open_page()
+    a, _ = expected_pair
     at.selectbox(key="ab_drill_category").set_value("replication")
     at.selectbox(key="ab_drill_layer").set_value(0)
     at.run()
-    assert any("✓" in s and "layer 0, replication" in s for s in texts(at.success)), texts(at.success)
+    layer0 = next(r for r in a.bytes_by_layer if r.layer == 0)
+    assert any(f"sum {layer0.replication:,} bytes" in m for m in texts(at.markdown)), texts(at.markdown)
     at.selectbox(key="ab_drill_type").set_value("tile").run()
-    assert any("ops, sum" in m for m in texts(at.markdown))
+    assert any(f"2 ops, sum {layer0.replication // 2:,} bytes" in m for m in texts(at.markdown))
 
 
-def test_rebuild_for_real_queues_the_full_size_pair_in_the_background(expected_pair, monkeypatch):
+def test_ab_page_states_the_top8_assumptions_and_the_weight_charge_option(expected_pair):
+    ids = {r.id for r in catalog()}
+    top8 = [f"shipped:exaone-4.0-1.2b-{v}-state-ctx4096-top8" for v in ("repeat_kv", "qfold")]
+    assert set(top8) <= ids
+    at = open_page(ab_a=top8[0], ab_b=top8[1])
+    captions = texts(at.caption)
+    assert any("Assumed" in c and "pal4 in layers 4-25" in c and "does not state it" in c for c in captions), captions
+    assert any("charged as stored" in c for c in captions)
+    before = {m.label: m.value for m in at.metric}["bytes per token, A → B"]
+    at.radio(key="ab_weight_charge__widget").set_value("decompressed").run()
+    after = {m.label: m.value for m in at.metric}["bytes per token, A → B"]
+    assert before != after and any("charged dense" in c for c in texts(at.caption))
+    assert at.session_state["ab_weight_charge"] == "decompressed"
+
+
+def test_rebuild_for_real_queues_the_selected_pair_at_full_size(tiny_builds, monkeypatch):
     started: list[BuildSpec] = []
 
     def fake_run_builds(specs, root=None, on_progress=None, timeout_s=None):
@@ -113,31 +146,37 @@ def test_rebuild_for_real_queues_the_full_size_pair_in_the_background(expected_p
         return [BuildResult(spec.key, Path(root or "."), True, 0.0) for spec in specs]
 
     monkeypatch.setattr(jobs, "run_builds", fake_run_builds)
-    at = open_page()
+    a, b = (f"build:{tiny_builds[v].name}" for v in ("repeat_kv", "qfold"))
+    at = open_page(ab_a=a, ab_b=b, ab_rebuild_popover=True)  # the tiny structure pair, not the default
     at.button(key="ab_rebuild").click().run()
     assert not at.exception
     (job,) = at.session_state["builds_jobs"]
     job._thread.join(timeout=30)
-    snap = job.snapshot()
-    assert snap.state == "done"
-    assert [(s.variant, s.ctx, s.kv_mode, s.source.overrides) for s in started] == [
-        ("repeat_kv", 4096, "state", ()), ("qfold", 4096, "state", ())]
+    assert job.snapshot().state == "done"
+    # the same model, variants, KV mode and ctx, grown to full size (no structure or layer overrides)
+    assert [(s.source.label, s.variant, s.ctx, s.kv_mode, s.source.overrides) for s in started] == [
+        ("exaone-4.0-1.2b", "repeat_kv", 256, "state", ()), ("exaone-4.0-1.2b", "qfold", 256, "state", ())]
+    assert {s.build_mode for s in started} == {"analysis"}  # full size, value-free: no 15 GB conversion
 
 
 def test_builds_page_lists_the_cached_builds(tiny_builds):
     at = open_page("app_pages/builds.py")
     options = at.selectbox(key="builds_chosen").options
-    for path in tiny_builds.values():
-        assert path.name in options
+    for path in tiny_builds.values():  # labelled by what tells builds apart, the hash last
+        assert any(o.startswith("exaone-4.0-1.2b · ") and o.endswith(path.name.rsplit("-", 1)[1]) for o in options)
     assert any("Nothing queued" in c or "queue" in c.lower() for c in texts(at.caption))
 
 
-def test_builds_page_rejects_a_bad_folder(tiny_builds):
+def test_builds_page_rejects_a_bad_folder(tiny_builds, tmp_path, monkeypatch):
+    monkeypatch.setenv("QFOLD_DATA_ROOTS", str(tmp_path))
     at = open_page("app_pages/builds.py")
     at.radio(key="builds_source_kind").set_value("Local model folder").run()
-    at.text_input(key="builds_folder").input("/nonexistent/model").run()
+    at.text_input(key="builds_folder").input(str(tmp_path / "missing")).run()
     assert not at.exception
     assert any("not a preset" in e for e in texts(at.error)), texts(at.error)
+    assert not any("--" in e for e in texts(at.error))  # no command-line flags on a page
+    at.text_input(key="builds_folder").input("/etc").run()  # outside the data roots: refused, existence unsaid
+    assert any("outside the folders this server may read" in e for e in texts(at.error)), texts(at.error)
 
 
 def test_device_logs_default_to_the_writeup_example(tiny_builds):
@@ -146,7 +185,7 @@ def test_device_logs_default_to_the_writeup_example(tiny_builds):
     labels = [s.label for s in at.selectbox]
     assert "exaone-repeat_kv-top8" in labels and "exaone-qfold-top8" in labels
     mapping = at.session_state["logs_mapping"]
-    assert mapping["exaone-repeat_kv-top8"] and mapping["exaone-qfold-top8"]
+    assert mapping["exaone-repeat_kv-top8"].endswith("-top8") and mapping["exaone-qfold-top8"].endswith("-top8")
     assert mapping["exaone-top8-device-table"] is None
 
 
@@ -169,8 +208,10 @@ def test_bandwidth_page_shows_the_writeup_crosscheck(tiny_builds):
     assert metrics["B inferred, MB/token"] == "1,029.5"  # 55,900 / 54.30: exaone-qfold-top8
     assert any("A = `exaone-repeat_kv-top8`" in m for m in texts(at.markdown))
     assert metrics["inferred difference, MB/token"] == "1,712.1"
-    assert "graph difference, MB/token" in metrics
+    assert metrics["graph difference, MB/token"] == "2,013.3"  # the shipped top8 A/B: 1,920 MiB of tile traffic
     assert at.warning or at.success  # a verdict sentence per fitted device
+    captions = texts(at.caption)
+    assert any("Assumed for `exaone-qfold-top8`" in c and "does not state it" in c for c in captions), captions
 
 
 def test_export_page_offers_every_download(tiny_builds):
@@ -230,12 +271,14 @@ def test_default_pair_falls_back_to_matching_builds(tiny_builds):
     assert default_pair([r for r in refs if r.variant == "qfold"]) is None
 
 
-def test_default_log_mapping():
-    from analyzer.report.catalog import AnalysisRef, default_log_mapping
+def test_default_log_mapping_by_build_key():
+    from analyzer.report.catalog import AnalysisRef
+    from analyzer.report.labels import default_log_mapping
 
     a = AnalysisRef("build:k-repeat", "build", "A", Path("/x/k-repeat"), "repeat_kv")
     b = AnalysisRef("build:k-qfold", "build", "B", Path("/x/k-qfold"), "qfold")
-    mapping = default_log_mapping(["exaone-repeat_kv-top8", "exaone-qfold-top8", "k-qfold", "top8-table",
-                                   "repeat_kv-vs-qfold", "myqfold"], [a, b], (a, b))
-    assert mapping == {"exaone-repeat_kv-top8": a.id, "exaone-qfold-top8": b.id, "k-qfold": b.id,
-                       "top8-table": None, "repeat_kv-vs-qfold": None, "myqfold": None}
+    mapping = default_log_mapping(["k-qfold", "exaone-qfold-top8", "top8-table", "repeat_kv-vs-qfold", "myqfold"],
+                                  [a, b])
+    # a build key maps to its build; refs without facts (no spec) are never guessed at
+    assert mapping == {"k-qfold": b.id, "exaone-qfold-top8": None, "top8-table": None, "repeat_kv-vs-qfold": None,
+                       "myqfold": None}

@@ -8,7 +8,6 @@ import json
 import math
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +20,15 @@ from analyzer.device.bandwidth import (
     DEFAULT_BANDWIDTH_PRESET,
     WRITEUP_AB_IPHONE,
     BandwidthAssumption,
-    FitPoint,
-    ab_crosscheck,
-    bandwidth_per_device,
-    crosscheck,
-    fit_bandwidth,
-    fit_devices,
     fixed_assumption,
     inferred_bytes_per_token,
     predicted_tok_per_s,
     preset_assumption,
 )
+from analyzer.device.crosscheck import ab_crosscheck, crosscheck
+from analyzer.device.fit import FitPoint, bandwidth_per_device, bandwidth_report, fit_bandwidth, fit_devices
 from analyzer.device.logs import BuildDeviceSummary, parse_log, summarize
+from analyzer.report.catalog import SHIPPED_DIR, shipped_name
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "writeup_device_logs.csv"
@@ -366,29 +362,39 @@ def test_cli_text_output_and_row_issues(tmp_path: Path) -> None:
     assert f"{log}:5, column 'tok_per_s'" in err and "decimal commas" in err
 
 
-def test_cli_build_paths_go_through_analyzer_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[str] = []
-
-    def load_bytes_per_token(path: str) -> int:
-        seen.append(path)
-        return RKV_GRAPH_BYTES
-
-    stub = types.ModuleType("analyzer.build.builds")
-    stub.load_bytes_per_token = load_bytes_per_token  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "analyzer.build.builds", stub)
-    build_dir = tmp_path / "build-rkv"
-    code, out, err = run_cli([str(EXAMPLE), "--build", f"{RKV}={build_dir}", "--build",
-                              f"{QFOLD}={QFOLD_GRAPH_BYTES}", "--bw", "5.59e10", "--json"])
+def test_cli_build_paths_read_the_analysis_and_state_its_assumptions(tmp_path: Path) -> None:
+    rkv, qfold = (SHIPPED_DIR / shipped_name("exaone-4.0-1.2b", v, "state", 4096, "top8")
+                  for v in ("repeat_kv", "qfold"))
+    code, out, err = run_cli([str(EXAMPLE), "--build", f"{RKV}={rkv}", "--build", f"{QFOLD}={qfold}",
+                              "--bw", "5.59e10", "--json"])
     assert code == 0, err
-    assert seen == [str(build_dir)]
-    assert json.loads(out)["ab"][0]["graph_diff_bytes"] == TILE_BYTES
+    doc = json.loads(out)
+    assert doc["ab"][0]["graph_diff_bytes"] == TILE_BYTES  # top8 on both sides: only the replication differs
+    sources = {g["label"]: g for g in doc["graph_sources"]}
+    assert sources[RKV]["path"] == str(rkv) and sources[RKV]["bytes_per_token"] == 3_174_671_528
+    notes = " ".join(sources[QFOLD]["assumptions"])
+    assert "attention int8 in layers 0-3,26-29; pal4 in layers 4-25" in notes
+    assert "the write-up does not state it" in notes and "charged as stored" in notes
+    code, text, _ = run_cli([str(EXAMPLE), "--build", f"{RKV}={rkv}", "--build", f"{QFOLD}=1161405608"])
+    assert code == 0 and f"graph bytes of {QFOLD}: 1,161,405,608 (given as a number)" in text
 
-    def broken(path: str) -> int:
-        raise ValueError(f"{path}: no analysis.json")
+    broken = tmp_path / "broken.analysis.json"
+    broken.write_text('{"schema_version": 2, "program": []}')
+    code, _, err = run_cli([str(EXAMPLE), "--build", f"{RKV}={broken}"])
+    assert code == 2 and f"{broken}: field program: expected an object, got a list" in err and "Traceback" not in err
+    code, _, err = run_cli([str(EXAMPLE), "--build", f"{RKV}={tmp_path / 'no-build'}"])
+    assert code == 2 and "not an .mlpackage nor a build folder" in err
 
-    stub.load_bytes_per_token = broken  # type: ignore[attr-defined]
-    code, _, err = run_cli([str(EXAMPLE), "--build", f"{RKV}={build_dir}"])
-    assert code == 2 and "no analysis.json" in err and "Traceback" not in err
+
+def test_the_cli_and_the_page_run_one_pipeline() -> None:
+    """``fit`` and the Bandwidth page both call device.fit.bandwidth_report (app_pages/shared.py)."""
+    measurements = parse_log(EXAMPLE.read_bytes(), EXAMPLE.name).measurements
+    result = bandwidth_report(measurements, {RKV: RKV_GRAPH_BYTES, QFOLD: QFOLD_GRAPH_BYTES})
+    assert [p.graph_diff_bytes for p in result.crosscheck.pairs] == [TILE_BYTES]
+    assert result.bandwidth[AB_DEVICE].kind == "fit" and result.bandwidth["iPhone 16 Pro"].kind == "preset"
+    shared = (REPO / "app_pages" / "shared.py").read_text()
+    assert "bandwidth_report(" in shared and "fit_devices(" not in shared
+    assert "bandwidth_report(" in (REPO / "analyzer" / "cli" / "fit.py").read_text()
 
 
 def test_cli_rejected_file_exits_1_with_messages(tmp_path: Path) -> None:
@@ -432,8 +438,6 @@ def test_cli_bad_bw_is_an_argparse_error(bw: str, fragment: str, capsys: pytest.
 
 
 def test_cli_subprocess() -> None:
-    if not (REPO / "analyzer" / "__main__.py").exists():
-        pytest.skip("analyzer/__main__.py does not exist yet; `fit` is wired into the main CLI later")
     proc = subprocess.run(
         [sys.executable, "-m", "analyzer", "fit", str(EXAMPLE), *AB_BUILDS, "--bw", "55900000000", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,

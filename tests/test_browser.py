@@ -35,7 +35,7 @@ CRASH_TEXT = re.compile(r"Traceback|This app has encountered an error")
 if not CHROMIUM.exists():
     pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (scripts/ensure-chromium) to run browser tests",
                 allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+from playwright import sync_api  # noqa: E402 (after the chromium check)
 
 
 def free_port() -> int:
@@ -108,10 +108,8 @@ def assert_no_crash(page) -> None:
 def test_ab_logs_bandwidth_export_flow(page, tmp_path):
     # A/B: the default pair, tiles A → B
     page.get_by_text("tile ops, A → B").first.wait_for()
-    shipped = {"repeat_kv", "qfold"} <= set(shipped_analyses())
-    # TODO(lead): when analyzer/shipped/ holds both default analyses this asserts the write-up's 60 → 0;
-    # until then the pair is the session's tiny builds (2 layers: 4 → 0).
-    expected = "60 → 0" if shipped else "4 → 0"
+    assert {"repeat_kv", "qfold"} <= set(shipped_analyses())
+    expected = "60 → 0"  # the shipped full-size default pair: the write-up's 60 tiles, none after the fold
     page.get_by_text(expected, exact=True).first.wait_for()
     page.screenshot(path=str(tmp_path / "ab.png"), full_page=True)
     assert_no_crash(page)
@@ -125,7 +123,7 @@ def test_ab_logs_bandwidth_export_flow(page, tmp_path):
     assert_no_crash(page)
 
     # Bandwidth: the chart and the write-up's cross-check
-    go(page, "Bandwidth model")
+    go(page, "Bandwidth")
     page.locator(".js-plotly-plot").first.wait_for()
     page.get_by_text("Measured tok/s vs bytes per token").first.wait_for()
     page.get_by_text("inferred difference, MB/token").first.wait_for()

@@ -17,12 +17,11 @@ from analyzer.build.compress import (
     CompressionError,
     canonical_spec,
     compress_model,
-    compression_report,
     needs_untie,
     parse_spec,
     plan_weights,
-    weight_part,
 )
+from analyzer.graph.compression import compression_report, weight_part
 
 TINY = ["hidden_size=256", "intermediate_size=512", "vocab_size=1000", "num_hidden_layers=4"]
 TWO_LAYERS = [*TINY[:-1], "num_hidden_layers=2"]  # the child-process builds: two of them fit the time budget
@@ -199,6 +198,7 @@ def geometry(source):
 def builds(tmp_path_factory):
     """The fp16 and top8 builds of a 2-layer model through the child process (one equivalence step)."""
     from analyzer.build.builds import BuildSpec, run_build
+    from analyzer.graph.record import read_analysis_file
     from analyzer.model.sources import resolve_source
 
     source = resolve_source("exaone-4.0-1.2b", TWO_LAYERS)
@@ -206,7 +206,7 @@ def builds(tmp_path_factory):
     out = {}
     for name, comp in (("fp16", None), ("top8", canonical_spec("top8", 2))):
         result = run_build(BuildSpec(source, "qfold", "state", 64, comp, 1), root=root)
-        out[name] = (result, json.loads((result.path / "analysis.json").read_text()))
+        out[name] = (result, read_analysis_file(result.path))
     return out
 
 
@@ -257,13 +257,13 @@ def test_mixed_config_puts_the_expected_constexpr_on_each_weight(mixed, geometry
             groups = out_ch // math.gcd(out_ch, DEFAULT_GROUP_CHANNELS)
             assert (ins["lut"].dtype, ins["lut"].shape) == ("fp16", (groups, 1, 2**bits, 1)), name
     # the report reads the same facts back from the graph
-    report = {w["name"]: w for w in compression_report(program)["weights"]}
+    report = {w.name: w for w in compression_report(program).weights}
     assert len(report) == len(expected)
     for name, (part, layer, shape, token) in expected.items():
         (row,) = [w for k, w in report.items() if k.startswith(name)]
-        assert (row["parts"], row["layer"], row["scheme"]) == ([part], layer, token)
-        assert row["stored_bytes"] == expected_stored_bytes(shape, token)
-        assert row["dense_fp16_bytes"] == shape[0] * shape[1] * 2
+        assert (row.parts, row.layer, row.scheme) == ((part,), layer, token)
+        assert row.stored_bytes == expected_stored_bytes(shape, token)
+        assert row.dense_fp16_bytes == shape[0] * shape[1] * 2
 
 
 @pytest.mark.conversion
@@ -338,21 +338,22 @@ def test_kmeans_without_scikit_learn_fails_before_compressing(builds):
 
 @pytest.mark.conversion
 def test_end_to_end_top8_build_reads_fewer_weight_bytes(builds):
-    from analyzer.graph.record import load_program
-
     (fp16, fp16_doc), (top8, top8_doc) = builds["fp16"], builds["top8"]
     assert fp16.key != top8.key
-    assert top8_doc["spec"]["compression"] == canonical_spec("top8", 2)
-    assert top8_doc["untied_embeddings"] is True  # embed pal4 vs lm_head pal6 on a tied model
-    w_fp16 = fp16_doc["bytes"]["bytes_per_token"]["weights"]
-    w_top8 = top8_doc["bytes"]["bytes_per_token"]["weights"]
+    assert top8_doc.build.spec.compression == canonical_spec("top8", 2)
+    assert top8_doc.build.untied_embeddings is True  # embed pal4 vs lm_head pal6 on a tied model
+    w_fp16 = fp16_doc.bytes_per_token.weights
+    w_top8 = top8_doc.bytes_per_token.weights
     assert w_top8 < 0.6 * w_fp16  # int8 projections (~half) and 6-bit lm_head
-    counts = top8_doc["summary"]["op_counts"]
+    counts = top8_doc.summary.op_counts
     assert counts.get("constexpr_blockwise_shift_scale") == 14  # 7 projections × 2 layers
     assert counts.get("constexpr_lut_to_dense") == 2  # embedding and lm_head
-    report = compression_report(load_program(top8.path)[0])
-    assert report["compressed_count"] == report["total"]["count"] == 16
-    assert {k: v["count"] for k, v in report["by_part"].items()} == {"attn": 8, "ffn": 6, "embed": 1, "lm_head": 1}
-    fp16_report = compression_report(load_program(fp16.path)[0])
-    assert fp16_report["compressed_count"] == 0 and "embed+lm_head" in fp16_report["by_part"]  # one tied const
-    assert report["total"]["stored_bytes"] < fp16_report["total"]["stored_bytes"]
+    report = top8_doc.compression
+    assert report.compressed_count == report.total.count == 16
+    assert {k: v.count for k, v in report.by_part.items()} == {"attn": 8, "ffn": 6, "embed": 1, "lm_head": 1}
+    fp16_report = fp16_doc.compression
+    assert fp16_report.compressed_count == 0 and "embed+lm_head" in fp16_report.by_part  # one tied const
+    assert report.total.stored_bytes < fp16_report.total.stored_bytes
+    # the stored file says the same (the compression report is written for readers of analysis.json)
+    stored = json.loads((top8.path / "analysis.json").read_text())["compression_report"]
+    assert stored == json.loads(json.dumps(report.to_json()))

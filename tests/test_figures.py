@@ -11,53 +11,27 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, crosscheck, fixed_assumption
+from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, fixed_assumption
+from analyzer.device.crosscheck import crosscheck
 from analyzer.device.logs import BuildDeviceSummary
 from analyzer.fmt import MB, MIB
 from analyzer.graph.accounting import CATEGORIES
-from analyzer.graph.diff import diff_documents
-from analyzer.report import figures
+from analyzer.graph.diff import diff_analyses
+from analyzer.report import bandwidth_figures, figures
+from tests.synthetic import TILE_BYTES, decode_analysis
 
 REPO = Path(__file__).resolve().parent.parent
-TILE_BYTES = 16 * MIB  # [1, 8, 4, 4096, 64] fp16, the default preset's tile (design.md)
 
 
-def make_doc(tiles: int, layers: int = 2, weights: int = 3_000, kv: int = 400) -> dict:
-    """An analysis document: ``tiles`` kv_replication tiles of 16 MiB spread over ``layers`` layers."""
-    per_layer = []
-    for layer in range(layers):
-        n = tiles // layers
-        per_layer.append({"layer": layer, "weights": weights, "kv_read": kv, "kv_write": 2, "replication":
-                          2 * n * TILE_BYTES, "activations": 100})
-    per_layer.append({"layer": None, "weights": 5_000, "kv_read": 0, "kv_write": 0, "replication": 0,
-                      "activations": 10})
-    for r in per_layer:
-        r["total"] = sum(r[c] for c in CATEGORIES)
-    totals = {c: sum(r[c] for r in per_layer) for c in CATEGORIES}
-    totals["kv_write_value_semantics"] = 8 * kv
-    totals["total"] = sum(totals[c] for c in CATEGORIES)
-    tile_rows = [{"name": f"tile_{i}", "layer": i % layers, "input_shape": [1, 8, 1, 4096, 64],
-                  "output_shape": [1, 8, 4, 4096, 64], "dtype": "fp16", "output_bytes": TILE_BYTES,
-                  "kind": "kv_replication"} for i in range(tiles)]
-    counts = {"const": 100 + 2 * tiles, "matmul": 4, "tile": tiles, "expand_dims": tiles, "reshape": 6}
-    counts = {k: v for k, v in counts.items() if v}
-    total_ops = sum(counts.values())
-    return {
-        "summary": {"total_ops": total_ops, "const_ops": counts["const"], "non_const_ops": total_ops - counts["const"],
-                    "op_counts": counts, "tile_count": tiles, "tile_output_bytes": tiles * TILE_BYTES,
-                    "kv_replication_tiles": tiles, "tiles": tile_rows},
-        "bytes": {"bytes_per_token": totals, "bytes_by_layer": per_layer, "unruled_op_types": []},
-    }
+@pytest.fixture(scope="module")
+def analyses():
+    """repeat_kv with 4 tiles (2 layers × K and V) and qfold with none."""
+    return decode_analysis("repeat_kv", 2), decode_analysis("qfold", 2)
 
 
-@pytest.fixture
-def docs() -> tuple[dict, dict]:
-    return make_doc(tiles=4), make_doc(tiles=0)
-
-
-def test_category_frame_and_waterfall_add_up(docs):
-    a, b = docs
-    frame = figures.category_frame(diff_documents(a, b))
+def test_category_frame_and_waterfall_add_up(analyses):
+    a, b = analyses
+    frame = figures.category_frame(diff_analyses(a, b))
     assert list(frame["category"]) == [*CATEGORIES, "total", "kv_write_value_semantics"]
     row = frame.set_index("category").loc["replication"]
     assert row["a_bytes"] == 4 * 2 * TILE_BYTES and row["b_bytes"] == 0 and row["delta_bytes"] == -8 * TILE_BYTES
@@ -67,15 +41,18 @@ def test_category_frame_and_waterfall_add_up(docs):
     (trace,) = fig.data
     assert trace.type == "waterfall"
     assert list(trace.measure) == ["absolute", *["relative"] * len(CATEGORIES), "total"]
-    assert list(trace.customdata) == [a["bytes"]["bytes_per_token"]["total"],
-                                      *frame[frame["in_total"]]["delta_bytes"], b["bytes"]["bytes_per_token"]["total"]]
-    assert trace.y[0] == pytest.approx(a["bytes"]["bytes_per_token"]["total"] / MIB)
-    assert sum(trace.y[:-1]) == pytest.approx(trace.y[-1])  # A + every change = B
+    assert list(trace.customdata) == [a.bytes_per_token.total, *frame[frame["in_total"]]["delta_bytes"],
+                                      b.bytes_per_token.total]
+    assert trace.orientation == "h" and trace.y[0] == "repeat_kv total" and trace.y[-1] == "qfold total"
+    assert trace.x[0] == pytest.approx(a.bytes_per_token.total / MIB)  # 145 MiB: drawn in MiB
+    assert fig.layout.xaxis.title.text == "MiB per token"
+    assert sum(trace.x[:-1]) == pytest.approx(trace.x[-1])  # A + every change = B
     assert trace.text[CATEGORIES.index("weights") + 1] == ""  # unchanged categories carry no label
+    assert trace.text[CATEGORIES.index("replication") + 1] == "-128"
 
 
-def test_category_bars_match_table(docs):
-    frame = figures.category_frame(diff_documents(*docs))
+def test_category_bars_match_table(analyses):
+    frame = figures.category_frame(diff_analyses(*analyses))
     fig = figures.category_bars_figure(frame)
     assert [t.name for t in fig.data] == ["A", "B"]
     cats = frame[frame["in_total"]]
@@ -83,12 +60,12 @@ def test_category_bars_match_table(docs):
     assert list(fig.data[1].y) == pytest.approx(list(cats["b_bytes"] / MIB))
 
 
-def test_op_count_frame_and_figure(docs):
-    diff = diff_documents(*docs)
+def test_op_count_frame_and_figure(analyses):
+    diff = diff_analyses(*analyses)
     frame = figures.op_count_frame(diff)
-    assert frame.iloc[0]["type"] == "const"  # sorted by the larger count
+    assert frame.iloc[0]["type"] == "reshape"  # sorted by the larger count
     changed = figures.op_count_frame(diff, changed_only=True)
-    assert set(changed["type"]) == {"const", "tile", "expand_dims"}
+    assert set(changed["type"]) == {"reshape", "tile", "expand_dims"}
     assert changed.set_index("type").loc["tile"].to_dict() == {"a": 4, "b": 0, "delta": -4}
     fig = figures.op_count_figure(changed, "A", "B")
     assert [t.type for t in fig.data] == ["bar", "bar"]
@@ -97,27 +74,28 @@ def test_op_count_frame_and_figure(docs):
     assert "-4" in fig.data[1].text
 
 
-def test_op_count_frame_empty_when_nothing_changed():
-    doc = make_doc(tiles=2)
-    frame = figures.op_count_frame(diff_documents(doc, doc), changed_only=True)
+def test_op_count_frame_empty_when_nothing_changed(analyses):
+    a, _ = analyses
+    frame = figures.op_count_frame(diff_analyses(a, a), changed_only=True)
     assert frame.empty and list(frame.columns) == ["type", "a", "b", "delta"]
 
 
-def test_tile_frame(docs):
-    a, b = docs
+def test_tile_frame(analyses):
+    a, b = analyses
     tiles = figures.tile_frame(a)
     assert list(tiles.columns) == list(figures.TILE_COLUMNS)
     assert len(tiles) == 4 and int(tiles["output_bytes"].sum()) == 4 * TILE_BYTES
     assert tiles.iloc[0]["output_shape"] == "[1, 8, 4, 4096, 64]"
+    assert list(tiles["layer"]) == [0, 0, 1, 1]
     assert figures.tile_frame(b).empty
 
 
-def test_layer_frame_and_side_by_side_figure(docs):
-    a, b = docs
+def test_layer_frame_and_side_by_side_figure(analyses):
+    a, b = analyses
     frame = figures.layer_frame(a, b, "A", "B")
     assert list(frame["layer"]) == ["0", "1", "outside"] * 2
-    assert frame.groupby("analysis")["total"].sum().to_dict() == {
-        "A": a["bytes"]["bytes_per_token"]["total"], "B": b["bytes"]["bytes_per_token"]["total"]}
+    assert frame.groupby("analysis")["total"].sum().to_dict() == {"A": a.bytes_per_token.total,
+                                                                  "B": b.bytes_per_token.total}
     fig = figures.layer_figure(frame)
     assert fig.layout.barmode == "stack"
     assert len(fig.data) == 2 * len(CATEGORIES)  # one trace per category per panel
@@ -126,16 +104,16 @@ def test_layer_frame_and_side_by_side_figure(docs):
     assert [ann.text for ann in fig.layout.annotations] == ["A", "B"]
 
 
-def test_single_analysis_frames(docs):
-    a, _ = docs
+def test_single_analysis_frames(analyses):
+    a, _ = analyses
     per_token = figures.bytes_per_token_frame(a)
-    assert per_token[per_token["in_total"]]["bytes"].sum() == a["bytes"]["bytes_per_token"]["total"]
+    assert per_token[per_token["in_total"]]["bytes"].sum() == a.bytes_per_token.total
     assert list(figures.bytes_by_layer_frame(a)["layer"]) == ["0", "1", "outside"]
 
 
 # ---------------------------------------------------------------------------------------------- drill-down
 @pytest.fixture
-def ops_and_doc() -> tuple[pd.DataFrame, dict]:
+def ops() -> pd.DataFrame:
     rows = [
         {"index": 0, "name": "w", "type": "const", "layer": None, "rule": "const", "weights": 0, "kv_read": 0,
          "kv_write": 0, "replication": 0, "activations": 0, "total": 0, "kv_write_value_semantics": 0},
@@ -151,44 +129,34 @@ def ops_and_doc() -> tuple[pd.DataFrame, dict]:
          "kv_read": 0, "kv_write": 0, "replication": 0, "activations": 8, "total": 1_008,
          "kv_write_value_semantics": 0},
     ]
-    ops = figures.op_frame(rows)
-    by_layer = []
-    for layer in (0, 1, None):
-        part = [r for r in rows if r["layer"] == layer]
-        by_layer.append({"layer": layer, **{c: sum(r[c] for r in part) for c in CATEGORIES},
-                         "total": sum(r["total"] for r in part)})
-    totals = {c: sum(r[c] for r in rows) for c in CATEGORIES}
-    totals["total"] = sum(totals.values())
-    return ops, {"bytes": {"bytes_per_token": totals, "bytes_by_layer": by_layer}}
+    return figures.op_frame(rows)
 
 
-def test_drilldown_category_sums_to_the_total(ops_and_doc):
-    ops, doc = ops_and_doc
-    for category in (*CATEGORIES, "total"):
-        d = figures.drilldown(ops, doc, category)
-        assert d.sum_bytes == doc["bytes"]["bytes_per_token"][category]
-        assert d.matches is True
-        assert (d.rows["bytes"] != 0).all()
-    weights = figures.drilldown(ops, doc, "weights")
+def test_drilldown_keeps_the_ops_that_move_the_category(ops):
+    weights = figures.drilldown(ops, "weights")
     assert list(weights.rows["name"]) == ["head", "lin0", "lin1"]  # largest first, zero rows left out
+    assert weights.sum_bytes == 1_600 and (weights.rows["bytes"] != 0).all()
+    assert figures.drilldown(ops, "total").sum_bytes == 320 + 200 + 320 + 1_008
 
 
-def test_drilldown_by_layer_and_type(ops_and_doc):
-    ops, doc = ops_and_doc
-    layer0 = figures.drilldown(ops, doc, "total", layer=0)
-    assert set(layer0.rows["name"]) == {"lin0", "tile0"} and layer0.sum_bytes == 520 and layer0.matches
-    outside = figures.drilldown(ops, doc, "weights", layer=figures.OUTSIDE_LAYERS)
-    assert list(outside.rows["name"]) == ["head"] and outside.matches
-    linear = figures.drilldown(ops, doc, "weights", op_type="linear")
-    assert linear.sum_bytes == 1_600 and linear.reference_bytes is None and linear.matches is None
-
-
-def test_drilldown_reports_a_mismatch(ops_and_doc):
-    ops, doc = ops_and_doc
-    doc["bytes"]["bytes_per_token"]["replication"] += 1
-    assert figures.drilldown(ops, doc, "replication").matches is False
+def test_drilldown_by_layer_and_type(ops):
+    layer0 = figures.drilldown(ops, "total", layer=0)
+    assert set(layer0.rows["name"]) == {"lin0", "tile0"} and layer0.sum_bytes == 520
+    outside = figures.drilldown(ops, "weights", layer=figures.OUTSIDE_LAYERS)
+    assert list(outside.rows["name"]) == ["head"]
+    linear = figures.drilldown(ops, "weights", op_type="linear")
+    assert linear.sum_bytes == 1_600
     with pytest.raises(ValueError, match="category 'bogus'"):
-        figures.drilldown(ops, doc, "bogus")
+        figures.drilldown(ops, "bogus")
+
+
+def test_drilldown_of_a_real_account_covers_every_byte(analyses):
+    a, _ = analyses
+    ops = figures.op_frame(a.account.op_rows())
+    for category in (*CATEGORIES, "total"):
+        assert figures.drilldown(ops, category).sum_bytes == a.bytes_per_token.get(category)
+    layer1 = figures.drilldown(ops, "replication", layer=1)
+    assert layer1.sum_bytes == 2 * 2 * TILE_BYTES and set(layer1.rows["type"]) == {"tile", "matmul"}
 
 
 # ---------------------------------------------------------------------------------------------- bandwidth
@@ -207,12 +175,12 @@ def report():
 
 
 def test_bandwidth_frame_and_pairs(report):
-    frame = figures.bandwidth_frame(report)
-    assert list(frame.columns) == list(figures.BANDWIDTH_COLUMNS)
+    frame = bandwidth_figures.bandwidth_frame(report)
+    assert list(frame.columns) == list(bandwidth_figures.BANDWIDTH_COLUMNS)
     rk = frame.set_index("build").loc["rk"]
     assert round(rk["inferred_bytes_per_token"] / MB) == 2_742  # 55,900 / 20.39 (write-up section 4)
     assert pd.isna(frame.set_index("build").loc["other", "graph_bytes_per_token"])
-    pairs = figures.pairs_frame(report)
+    pairs = bandwidth_figures.pairs_frame(report)
     assert len(pairs) == 1
     p = pairs.iloc[0]
     assert (p["build_a"], p["build_b"]) == ("rk", "qf")
@@ -221,9 +189,9 @@ def test_bandwidth_frame_and_pairs(report):
 
 
 def test_bandwidth_figure_is_log_log_with_the_bw_curve(report):
-    frame = figures.bandwidth_frame(report)
+    frame = bandwidth_figures.bandwidth_frame(report)
     bw = 55_900 * MB
-    fig = figures.bandwidth_figure(frame, [figures.BandwidthCurve("BW", bw)])
+    fig = bandwidth_figures.bandwidth_figure(frame, [bandwidth_figures.BandwidthCurve("BW", bw)])
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     measured = next(t for t in fig.data if t.name == AB_DEVICE)
     mapped = frame[frame["graph_bytes_per_token"].notna()]
@@ -239,20 +207,21 @@ def test_bandwidth_figure_is_log_log_with_the_bw_curve(report):
 
 
 def test_bandwidth_curve_with_overhead():
-    frame = pd.DataFrame(columns=list(figures.BANDWIDTH_COLUMNS))
-    fig = figures.bandwidth_figure(frame, [figures.BandwidthCurve("fit", 50e9, overhead_s=0.01, dash="dash")])
+    frame = pd.DataFrame(columns=list(bandwidth_figures.BANDWIDTH_COLUMNS))
+    curve = bandwidth_figures.BandwidthCurve("fit", 50e9, overhead_s=0.01, dash="dash")
+    fig = bandwidth_figures.bandwidth_figure(frame, [curve])
     (curve,) = fig.data
     assert curve.line.dash == "dash"
     assert all(y == pytest.approx(1 / (x * MB / 50e9 + 0.01)) for x, y in zip(curve.x, curve.y, strict=True))
 
 
 def test_inferred_and_residual_figures_match_the_table(report):
-    frame = figures.bandwidth_frame(report)
-    inferred_fig = figures.inferred_vs_graph_figure(frame)
+    frame = bandwidth_figures.bandwidth_frame(report)
+    inferred_fig = bandwidth_figures.inferred_vs_graph_figure(frame)
     inferred, graph = inferred_fig.data
     assert list(inferred.y) == pytest.approx([int(v) / MB for v in frame["inferred_bytes_per_token"]])
     assert graph.y[-1] is None  # the unmapped build has no graph bar
-    residual_fig = figures.residual_figure(frame, threshold_pct=10)
+    residual_fig = bandwidth_figures.residual_figure(frame, threshold_pct=10)
     (bars,) = residual_fig.data
     mapped = frame[frame["residual_pct"].notna()]
     assert list(bars.y) == pytest.approx(list(mapped["residual_pct"]))

@@ -25,6 +25,7 @@ from analyzer.device.logs import (
     parse_logs,
     summarize,
 )
+from analyzer.device.logs.validate import DEFAULT_PHASE_NOTE
 
 REPO = Path(__file__).resolve().parent.parent
 HEADER = "device,build,tok_per_s\n"
@@ -151,11 +152,12 @@ CASES = [
         "a,b,1,4096\n", "a,b,1,\n"), 2,
          ((2, "context_length", "units or suffixes"), (3, "context_length", "whole number"),
           (4, "context_length", "must be > 0"), (5, "context_length", "must be > 0"))),
+    # " =cmd" is stored stripped ("=cmd") and flagged; "\tcmd" is stored as "cmd", which is harmless.
     Case("formula-cells-kept", csv_bytes(
         "device,build,tok_per_s,notes\n", '=HYPERLINK("http://x"),+qfold,54.3,@SUM(A1)\n',
-        "iPhone,qfold,20,\tcmd\n"), 2, (),
+        "iPhone,qfold,20,\tcmd\n", 'iPhone,qfold,21," =cmd"\n'), 3, (),
          ((2, "device", "formula-like"), (2, "build", "formula-like"), (2, "notes", "formula-like"),
-          (3, "notes", "formula-like"))),
+          (4, "notes", "formula-like"))),
     Case("unknown-columns-kept", csv_bytes("device,build,tok_per_s,thermal,offset\n", "a,b,1,hot,-1\n"), 1,
          (), ((None, "thermal, offset", "unknown column(s) kept"),)),
     # --- JSON that is not llama-bench ---------------------------------------------------------------
@@ -203,6 +205,7 @@ def test_accepted_values_are_parsed_stripped_and_kept_verbatim() -> None:
     assert first == Measurement(
         file_name="runs.csv", line=2, device="iPhone 16 Pro", build="qfold", tok_per_s=54.30,
         notes="fan on, 25 °C", context_length=4096, extra=(("thermal", "hot"),),
+        phase="decode", derived=(("phase", DEFAULT_PHASE_NOTE),),
     )
     assert second.device == "=1+1" and second.line == 3  # formula text kept as text, never evaluated
     assert second.context_length is None and second.notes is None
@@ -290,24 +293,30 @@ def llama_csv(rows: list[dict[str, object]], fields: list[str] = LLAMA_FIELDS) -
 
 
 LLAMA_ROWS = [
-    llama_row(n_prompt=512, n_gen=0, avg_ts=7285.68, test_time="2025-04-24T11:57:09Z"),  # pp: skipped
+    llama_row(n_prompt=512, n_gen=0, avg_ts=7285.68, test_time="2025-04-24T11:57:09Z"),  # pp: a prefill run
     llama_row(),  # tg128 on the GPU
     llama_row(n_gen=128, n_depth=512, avg_ts=101.5, stddev_ts=0.8),  # tg128 @ d512
-    llama_row(n_prompt=512, n_gen=128, avg_ts=900.0),  # pg: skipped
+    llama_row(n_prompt=512, n_gen=128, avg_ts=900.0),  # pp512+tg128: a mixed run
     llama_row(gpu_info="", backends="CPU", cpu_info="AMD Ryzen 7 7800X3D 8-Core Processor",
               n_gpu_layers=0, avg_ts=14.2, model_filename="C:\\models\\EXAONE-4.0-1.2B-Q8_0.gguf"),
 ]
 
 
-def test_llama_bench_csv_maps_generation_rows_and_reports_skipped_ones() -> None:
+def test_llama_bench_csv_keeps_every_phase_apart_and_derives_context() -> None:
     result = parse_log(llama_csv(LLAMA_ROWS), "bench.csv")
     report = result.files[0]
     assert (report.format, report.n_records, report.n_accepted, report.n_skipped, report.n_rejected) == (
-        "llama-bench-csv", 5, 3, 2, 0)
-    gpu, deep, cpu = result.measurements
+        "llama-bench-csv", 5, 5, 0, 0)
+    pp, gpu, deep, pg, cpu = result.measurements
+    assert [m.phase for m in result.measurements] == ["prefill", "decode", "decode", "mixed", "decode"]
+    assert (pp.tok_per_s, pp.prompt_tokens, pp.context_length) == (7285.68, 512, 512)
+    assert (pg.tok_per_s, pg.prompt_tokens, pg.context_length) == (900.0, 512, 640)
     assert (gpu.line, gpu.device, gpu.build, gpu.tok_per_s) == (
         3, "Apple M3 Max", "EXAONE-4.0-1.2B-Q4_K_M.gguf", 119.915244)
-    assert gpu.context_length == 128 and deep.context_length == 512 + 128
+    assert gpu.context_length == 128 and deep.context_length == 512 + 128 and gpu.prompt_tokens == 0
+    derived = dict(deep.derived)
+    assert derived["context_length"].startswith("n_depth + n_gen: the KV positions")
+    assert derived["phase"].startswith("from the llama-bench test")
     assert gpu.quantization == "exaone4 1.2B Q4_K - Medium" and gpu.compute_units == "Metal,BLAS"
     assert gpu.date == "2025-04-24T11:57:10Z"
     assert gpu.notes is not None and "device from gpu_info" in gpu.notes and "tg128" in gpu.notes
@@ -315,9 +324,10 @@ def test_llama_bench_csv_maps_generation_rows_and_reports_skipped_ones() -> None
     assert (cpu.device, cpu.build) == ("AMD Ryzen 7 7800X3D 8-Core Processor", "EXAONE-4.0-1.2B-Q8_0.gguf")
     assert cpu.notes is not None and "device from cpu_info" in cpu.notes and "n_gpu_layers 0" in cpu.notes
     assert ("stddev_ts", "0.430617") in gpu.extra and ("n_threads", "12") in gpu.extra
-    assert result.errors == ()
-    find(result, "warning", 2, "n_gen", "skipped deliberately: prompt-processing test pp512")
-    find(result, "warning", 5, "n_prompt", "skipped deliberately: combined test pp512+tg128")
+    assert result.issues == ()
+    # One line per rule, not per row: decode, prefill and mixed rows each derive context_length their way.
+    assert [d.split(":")[0] for d in report.derived] == [
+        "phase", "context_length", "prompt_tokens", "context_length", "context_length"]
 
 
 def test_llama_bench_json_and_jsonl() -> None:
@@ -328,20 +338,37 @@ def test_llama_bench_json_and_jsonl() -> None:
     as_json = json.dumps(objects, indent=2).encode()
     result = parse_log(as_json, "bench.json")
     assert result.files[0].format == "llama-bench-json"
-    (m,) = result.measurements
+    pp, m = result.measurements
     # Lines are where each object's "{" is in the file: line 1 is "[", the 2nd object follows the 1st.
     starts = [n for n, text in enumerate(as_json.decode().splitlines(), start=1) if text == "  {"]
-    assert starts[0] == 2
+    assert starts[0] == 2 == pp.line and pp.phase == "prefill"
     second_line = starts[1]
     assert m.line == second_line and m.tok_per_s == 119.915244 and m.device == "Apple M3 Max"
     assert ("samples_ts", "[119.03, 120.178]") in m.extra
-    find(result, "warning", 2, "n_gen", "skipped deliberately")
 
     jsonl = "\n".join(json.dumps(o) for o in objects).encode() + b"\n"
     result = parse_log(jsonl, "bench.jsonl")
     assert result.files[0].format == "llama-bench-jsonl"
-    assert [m.line for m in result.measurements] == [2]
-    find(result, "warning", 1, "n_gen", "skipped deliberately")
+    assert [(m.line, m.phase) for m in result.measurements] == [(1, "prefill"), (2, "decode")]
+
+
+def test_minified_json_array_rejects_only_the_bad_object() -> None:
+    """Every object on line 1: the bad one (record 2) is named by record and refused alone (issue #11)."""
+    objects = [llama_row(avg_ts=50.0), llama_row(avg_ts="nan"), llama_row(avg_ts=70.0, n_depth=1024)]
+    result = parse_log(json.dumps(objects, separators=(",", ":")).encode(), "min.json")
+    assert [(m.line, m.tok_per_s, m.context_length) for m in result.measurements] == [(1, 50.0, 128), (1, 70.0, 1152)]
+    (error,) = result.errors
+    assert (error.line, error.record, error.column) == (1, 2, "avg_ts")
+    assert error.describe().startswith("error: min.json:1 (record 2), column 'avg_ts'")
+    assert (result.files[0].n_accepted, result.files[0].n_rejected) == (2, 1)
+
+
+def test_jsonl_with_one_bad_line_keeps_the_good_lines() -> None:
+    lines = [json.dumps(llama_row(avg_ts=50.0)), '{"n_prompt": 0, "n_gen": 128, "avg_ts": ', json.dumps(llama_row())]
+    result = parse_log(("\n".join(lines) + "\n").encode(), "bench.jsonl")
+    assert [m.line for m in result.measurements] == [1, 3]
+    find(result, "error", 2, None, "invalid JSON on this line")
+    assert (result.files[0].n_records, result.files[0].n_rejected) == (3, 1)
 
 
 @pytest.mark.parametrize(
@@ -350,7 +377,9 @@ def test_llama_bench_json_and_jsonl() -> None:
         ([llama_row(avg_ts="nan")], LLAMA_FIELDS, 2, "avg_ts", "NaN"),
         ([llama_row(avg_ts=-3)], LLAMA_FIELDS, 2, "avg_ts", "must be > 0"),
         ([llama_row(n_gen="many")], LLAMA_FIELDS, 2, "n_gen", "non-negative integer"),
-        ([llama_row(gpu_info="", cpu_info="")], LLAMA_FIELDS, 2, "gpu_info", "both empty"),
+        ([llama_row(gpu_info="", cpu_info="")], LLAMA_FIELDS, 2, "gpu_info/cpu_info", "device is empty"),
+        ([llama_row(n_gen=0, n_prompt=0)], LLAMA_FIELDS, 2, "n_gen", "measured no tokens"),
+        ([llama_row(avg_ts=1e300)], LLAMA_FIELDS, 2, "avg_ts", "outside the accepted range"),
     ],
 )
 def test_llama_bench_bad_rows(rows: list[dict[str, object]], fields: list[str], line: int, column: str,
@@ -379,7 +408,7 @@ def test_parse_logs_merges_and_remembers_file_and_line() -> None:
         ("bench.csv", llama_csv(LLAMA_ROWS[:2])),
     ])
     assert [(m.file_name, m.line) for m in result.measurements] == [
-        ("a.csv", 2), ("a.csv", 3), ("a.csv (2)", 2), ("bench.csv", 3)]
+        ("a.csv", 2), ("a.csv", 3), ("a.csv (2)", 2), ("bench.csv", 2), ("bench.csv", 3)]
     assert result.rejected_files == ("bad.csv",)
     find(result, "warning", None, None, "also named 'a.csv'")
     with pytest.raises(LogValidationError, match=r"bad\.csv.*UTF-16") as excinfo:
@@ -396,7 +425,7 @@ def test_frames() -> None:
     assert frame["context_length"].dtype == "Int64" and pd.isna(frame["context_length"].iloc[1])
     assert list(frame["thermal"]) == ["hot", ""]
     issues = result.issues_frame()
-    assert list(issues.columns) == ["file_name", "line", "column", "value", "severity", "message"]
+    assert list(issues.columns) == ["file_name", "line", "column", "value", "severity", "message", "record"]
     assert issues["line"].dtype == "Int64"
     assert set(zip(issues["line"].astype("object").where(issues["line"].notna(), None), issues["column"],
                    strict=True)) == {(None, "thermal"), (4, "tok_per_s")}
@@ -408,18 +437,44 @@ def test_frames() -> None:
     assert empty.measurements_frame().empty and len(empty.issues_frame()) == 1
 
 
-def test_summarize_uses_sample_std_and_zero_for_one_run() -> None:
+def test_summarize_averages_time_per_token_and_uses_sample_std() -> None:
     values = [54.1, 54.3, 54.9, 53.8]
     rows = "".join(f"iPhone,qfold,{v}\n" for v in values) + "iPhone,repeat_kv,20.39\nPixel,qfold,30\n"
     result = parse_log(csv_bytes(HEADER, rows), "x.csv")
     by_key = {(s.build, s.device): s for s in summarize(result.measurements)}
     assert list(by_key) == [("qfold", "Pixel"), ("qfold", "iPhone"), ("repeat_kv", "iPhone")]
     q = by_key[("qfold", "iPhone")]
-    assert q.n == 4 and q.mean_tok_per_s == pytest.approx(statistics.mean(values))
+    assert q.n == 4 and q.mean_tok_per_s == pytest.approx(statistics.harmonic_mean(values), rel=1e-12)
+    assert q.mean_s_per_token == pytest.approx(statistics.mean(1 / v for v in values), rel=1e-12)
     assert q.std_tok_per_s == pytest.approx(statistics.stdev(values))
     assert (q.min_tok_per_s, q.max_tok_per_s) == (53.8, 54.9)
     single = by_key[("repeat_kv", "iPhone")]
     assert (single.n, single.std_tok_per_s, single.mean_tok_per_s) == (1, 0.0, 20.39)
+
+
+def test_harmonic_mean_differs_from_the_mean_of_rates() -> None:
+    """10 and 30 tok/s are 0.1 and 0.0333 s/token: 0.0667 s on average, 15 tok/s, not 20 (issue #13)."""
+    result = parse_log(csv_bytes(HEADER, "d,b,10\nd,b,30\n"), "x.csv")
+    (s,) = summarize(result.measurements)
+    assert s.mean_tok_per_s == pytest.approx(15.0, rel=1e-12) and s.n == 2
+
+
+def test_summarize_never_averages_across_conditions() -> None:
+    header = "device,build,tok_per_s,context_length,compute_units,quantization,os_version,phase\n"
+    rows = [
+        "d,b,10,512,ANE,int4,iOS 18,decode", "d,b,12,512,ANE,int4,iOS 18,decode",  # one condition: n = 2
+        "d,b,9,4096,ANE,int4,iOS 18,decode", "d,b,11,512,GPU,int4,iOS 18,decode", "d,b,13,512,ANE,int8,iOS 18,decode",
+        "d,b,14,512,ANE,int4,iOS 26,decode", "d,b,900,512,ANE,int4,iOS 18,prefill",
+    ]
+    result = parse_log(csv_bytes(header, *(r + "\n" for r in rows)), "x.csv")
+    assert result.errors == ()
+    decode = summarize(result.measurements)
+    assert sorted(s.n for s in decode) == [1, 1, 1, 1, 2] and all(s.phase == "decode" for s in decode)
+    every = summarize(result.measurements, phase=None)
+    assert len(every) == 6 and {s.phase for s in every} == {"decode", "prefill"}
+    pooled = next(s for s in decode if s.n == 2)
+    assert (pooled.context_length, pooled.compute_units, pooled.quantization, pooled.os_version) == (
+        512, "ANE", "int4", "iOS 18")
 
 
 def test_records_are_frozen() -> None:

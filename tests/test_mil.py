@@ -1,5 +1,7 @@
 """The walker and the byte account on hand-built MIL programs whose bytes can be added up on paper."""
 
+import json
+
 import coremltools as ct
 import numpy as np
 import pytest
@@ -114,3 +116,185 @@ def test_not_an_mlpackage_is_a_clear_error(tmp_path):
 
     with pytest.raises(MilError, match=r"not an \.mlpackage"):
         read_program(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- foreign graphs
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    from analyzer.cli import main
+
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def symbolic_package(tmp_path_factory):
+    """x [1, S, 4] fp16 with S flexible → relu → linear with an [8, 4] fp16 weight → y [1, S, 8]."""
+    from coremltools.converters.mil.mil import get_new_symbol
+
+    weight = np.ones((8, 4), dtype=np.float16)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, get_new_symbol(), 4), dtype=types.fp16)],
+                opset_version=ct.target.iOS18)
+    def prog(x):
+        return mb.linear(x=mb.relu(x=x, name="r"), weight=weight, name="y")
+
+    return _save(prog, tmp_path_factory.mktemp("sym") / "symbolic.mlpackage")
+
+
+def test_a_symbolic_dimension_is_reported_not_counted_as_zero(symbolic_package, capsys):
+    program = read_program(symbolic_package)
+    relu = next(op for op in program.ops if op.type == "relu")
+    assert relu.outputs[0].shape == (1, None, 4) and relu.outputs[0].nbytes is None
+    acc = account(program)
+    assert {(u.op_name, u.tensor, u.shape) for u in acc.unsized} == {
+        ("r", "x", "[1,?,4]"), ("r", "r", "[1,?,4]"), ("y", "r", "[1,?,4]"), ("y", "y", "[1,?,8]")}
+    assert acc.totals()["weights"] == 8 * 4 * 2  # the weight is sized; the activations are not
+    assert acc.totals()["activations"] == 0
+    code, out, _ = _cli(capsys, "inspect", str(symbolic_package), "--json")
+    assert code == 0 and len(json.loads(out)["unsized_tensors"]) == 4
+    code, text, _ = _cli(capsys, "inspect", str(symbolic_package))
+    assert "4 tensors have a symbolic dimension" in text
+
+
+@pytest.fixture(scope="module")
+def control_flow_package(tmp_path_factory):
+    """cond (both branches define a var named ``v``) feeding a while_loop whose condition and body each take the
+    loop variable as a block input of the same name."""
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 4), dtype=types.fp16),
+                             mb.TensorSpec(shape=(1,), dtype=types.int32)], opset_version=ct.target.iOS18)
+    def prog(x, p):
+        def then():
+            return mb.add(x=x, y=np.float16(1), name="v")
+
+        def otherwise():
+            return mb.mul(x=x, y=np.float16(2), name="v")
+
+        c = mb.cond(pred=mb.cast(x=mb.squeeze(x=p), dtype="bool"), _true_fn=then, _false_fn=otherwise,
+                    name="branch")
+
+        def condition(a):
+            return mb.less(x=mb.reduce_sum(x=a, axes=[0, 1]), y=np.float16(100))
+
+        def body(a):
+            return mb.add(x=a, y=a, name="loop_add")
+
+        looped = mb.while_loop(_cond=condition, _body=body, loop_vars=(c,), name="loop")
+        return mb.relu(x=looped[0] if isinstance(looped, list | tuple) else looped, name="out")
+
+    return _save(prog, tmp_path_factory.mktemp("cf") / "control.mlpackage")
+
+
+def test_nested_blocks_are_walked_with_their_own_scopes(control_flow_package):
+    program = read_program(control_flow_package)
+    by_name = {}
+    for op in program.ops:
+        by_name.setdefault(op.name, []).append(op)
+    cond, loop = by_name["branch"][0], by_name["loop"][0]
+    (then_v, else_v) = by_name["v"]  # one var name in two blocks, each its own op
+    assert (then_v.type, else_v.type) == ("add", "mul") and then_v.parent == else_v.parent == cond.index
+    body = by_name["loop_add"][0]
+    assert body.parent == loop.index
+    # the loop variable is the body's block input: known, sized, not produced by any op of the program
+    assert [(r.tensor.name, r.tensor.shape, r.tensor.nbytes, r.producer) for r in body.inputs] == [
+        ("branch_x0", (1, 4), 8, None)] * 2
+    out = by_name["out"][0]
+    assert out.inputs[0].producer == loop.index and out.parent is None  # after the loop: the outer scope again
+    acc = account(program)
+    assert not acc.unruled_op_types and not acc.unsized
+    assert {o.rule for o in acc.ops if o.type in ("cond", "while_loop")} == {"control_flow"}
+    assert next(o for o in acc.ops if o.name == "loop_add").activations == 3 * 8  # reads a twice, writes once
+
+
+def test_layer_norm_and_prelu_parameters_are_weights(tmp_path):
+    """LayerNorm's gamma and beta and PReLU's per-channel alpha are streamed like any weight; a scalar alpha
+    (leaky_relu) is an attribute."""
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 4, 2, 8), dtype=types.fp16)], opset_version=ct.target.iOS18)
+    def prog(x):
+        ones = np.arange(8, dtype=np.float16) + 1
+        y = mb.layer_norm(x=x, axes=[-1], gamma=ones, beta=ones, name="ln")
+        z = mb.prelu(x=y, alpha=np.arange(4, dtype=np.float16) + 1, name="pr")
+        return mb.leaky_relu(x=z, alpha=0.1, name="lr")
+
+    acc = account(read_program(_save(prog, tmp_path / "norm.mlpackage")))
+    weights = {o.name: o.weights for o in acc.ops if o.type != "const"}
+    assert weights == {"ln": 2 * 8 * 2, "pr": 4 * 2, "lr": 0}
+
+
+@pytest.fixture(scope="module")
+def multifunction_package(tmp_path_factory):
+    """``prefill`` (linear) and ``decode`` (linear → relu, the default function) in one package."""
+    folder = tmp_path_factory.mktemp("multi")
+    weight = np.ones((8, 8), dtype=np.float16)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 8), dtype=types.fp16)], opset_version=ct.target.iOS18)
+    def prefill(x):
+        return mb.linear(x=x, weight=weight, name="y")
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 8), dtype=types.fp16)], opset_version=ct.target.iOS18)
+    def decode(x):
+        return mb.relu(x=mb.linear(x=x, weight=weight * 2, name="h"), name="y")
+
+    desc = ct.utils.MultiFunctionDescriptor()
+    desc.add_function(str(_save(prefill, folder / "prefill.mlpackage")), "main", "prefill")
+    desc.add_function(str(_save(decode, folder / "decode.mlpackage")), "main", "decode")
+    desc.default_function_name = "decode"
+    ct.utils.save_multifunction(desc, str(folder / "multi.mlpackage"))
+    return folder / "multi.mlpackage"
+
+
+def test_a_multifunction_package_lists_and_reports_every_function(multifunction_package, capsys):
+    from analyzer.graph.mil import list_functions
+
+    assert list_functions(multifunction_package) == ("decode", "prefill")
+    assert [op.type for op in read_program(multifunction_package).ops if op.type != "const"] == ["linear", "relu"]
+    assert [op.type for op in read_program(multifunction_package, "prefill").ops if op.type != "const"] == ["linear"]
+
+    code, out, _ = _cli(capsys, "inspect", str(multifunction_package), "--json")
+    doc = json.loads(out)
+    assert code == 0 and [f["function"] for f in doc["functions"]] == ["decode", "prefill"]
+    assert doc["op_counts"] == doc["functions"][0]["op_counts"] == {"const": 2, "linear": 1, "relu": 1}
+    assert doc["functions"][1]["op_counts"] == {"const": 2, "linear": 1}
+    code, out, _ = _cli(capsys, "inspect", str(multifunction_package), "--function", "prefill", "--json")
+    one = json.loads(out)
+    assert "functions" not in one and one["op_counts"] == {"const": 2, "linear": 1}
+    code, text, _ = _cli(capsys, "inspect", str(multifunction_package))
+    assert "2 functions (decode, prefill)" in text and "== function prefill" in text
+
+    code, out, _ = _cli(capsys, "diff", str(multifunction_package), str(multifunction_package), "--json")
+    d = json.loads(out)
+    assert [f["function"] for f in d["functions"]] == ["decode", "prefill"] and d["functions_only_in"] == {
+        "a": [], "b": []}
+    code, _, err = _cli(capsys, "inspect", str(multifunction_package), "--function", "nope")
+    assert code == 1 and "no function 'nope' (has" in err
+
+
+def test_single_function_output_has_no_functions_key(three_op_package, capsys):
+    code, out, _ = _cli(capsys, "inspect", str(three_op_package), "--json")
+    assert code == 0 and "functions" not in json.loads(out)
+
+
+def test_peak_rss_is_read_in_bytes_on_macos_and_kib_on_linux(monkeypatch):
+    import resource
+
+    from analyzer.build.convert import peak_rss_bytes
+
+    class Usage:
+        ru_maxrss = 1_000_000
+
+    monkeypatch.setattr(resource, "getrusage", lambda who: Usage())
+    assert peak_rss_bytes("darwin") == 1_000_000  # getrusage(2) on macOS: bytes
+    assert peak_rss_bytes("linux") == 1_024_000_000  # on Linux: kilobytes
+
+
+def test_the_dashboard_catalog_offers_each_function(multifunction_package, three_op_package):
+    from analyzer.graph.record import load_analysis
+    from analyzer.report.catalog import package_refs
+
+    refs = package_refs(multifunction_package)
+    assert [(r.id.rsplit("#", 1)[-1], r.function) for r in refs] == [("decode", "decode"), ("prefill", "prefill")]
+    assert load_analysis(refs[1].path, refs[1].function).function == "prefill"
+    (single,) = package_refs(three_op_package)
+    assert single.function is None and "#" not in single.id

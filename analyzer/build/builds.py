@@ -9,7 +9,8 @@ A build folder holds ``analysis.json`` and ``build.log`` (and ``model.mlpackage`
 when everything is written, so an interrupted build never leaves a folder that looks finished. Shared
 state lives on disk with file locks (several Streamlit sessions and CLIs may build at once): one lock per
 key (two requests for the same build wait for one conversion) and one machine-wide conversion lock
-(a materialised full-size conversion needs gigabytes: analyzer/build/costs.py), so further conversions queue.
+(a full-size materialised conversion needs ~15 GB: bench/results/full_size.json; analysis mode ~1-2 GB:
+bench/results/fast.json), so further conversions queue.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from analyzer.errors import BuildError, QfoldError
 from analyzer.fsio import write_json_atomic
-from analyzer.graph.record import ANALYSIS_FILE, load_analysis
+from analyzer.graph.buildinfo import StoredSpec
+from analyzer.graph.jsonfields import Field
+from analyzer.graph.record import ANALYSIS_FILE, Analysis, read_analysis_file, write_analysis
 from analyzer.model.sources import ModelSource
 from analyzer.model.variants import KV_MODES
 
@@ -47,7 +52,7 @@ LOG_FILE = "build.log"
 PROGRESS_PREFIX = "@@qfold "  # child → parent protocol: one JSON object per line after this prefix
 DEFAULT_EQUIVALENCE_STEPS = 8
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
+QUEUE_DIR = ".queue"
 
 
 def builds_dir(path: str | Path | None = None) -> Path:
@@ -74,9 +79,12 @@ class BuildSpec:
     ctx: int = 4096
     compression: str | None = None  # canonical compression spec text (analyzer.build.compress), None = fp16
     equivalence_steps: int = DEFAULT_EQUIVALENCE_STEPS
-    build_mode: str = MATERIALISED_MODE  # the API default keeps a package; the CLI and dashboard default to analysis
+    phase: str = "decode"  # what a call does: decode | prefill | decode+prefill (one package, two functions)
+    q_len: int = 1  # prompt tokens per prefill call; 1 for decode
+    build_mode: str = MATERIALISED_MODE  # the API default keeps a package; CLI, dashboard and sweep default to analysis
 
     def __post_init__(self) -> None:
+        from analyzer.model.prefill import BUILD_PHASES
         from analyzer.model.variants import get_variant
 
         get_variant(self.variant)
@@ -88,10 +96,20 @@ class BuildSpec:
             raise QfoldError(f"--ctx {self.ctx!r}: must be a positive integer")
         if not 1 <= self.equivalence_steps <= self.ctx:
             raise QfoldError(f"equivalence steps {self.equivalence_steps}: must be between 1 and ctx={self.ctx}")
+        if self.phase not in BUILD_PHASES:
+            raise QfoldError(f"--phase {self.phase!r}: choose one of {', '.join(BUILD_PHASES)}")
+        if isinstance(self.q_len, bool) or not isinstance(self.q_len, int):
+            raise QfoldError(f"--q-len {self.q_len!r}: must be an integer")
+        if self.phase == "decode" and self.q_len != 1:
+            raise QfoldError(f"--q-len {self.q_len}: a decode build runs one token per call; "
+                             "use --phase prefill or decode+prefill for q_len > 1")
+        if self.phase != "decode" and not 2 <= self.q_len <= self.ctx:
+            raise QfoldError(f"--q-len {self.q_len}: a prefill call takes 2 to ctx={self.ctx} prompt tokens")
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything that changes the converted model or its analysis."""
-        return {
+        """Everything that changes the converted model or its analysis (a decode build's is what it was before
+        prefill existed, so its key is unchanged)."""
+        out = {
             "source": self.source.fingerprint(),
             "variant": self.variant,
             "kv_mode": self.kv_mode,
@@ -105,56 +123,65 @@ class BuildSpec:
             "compute_precision": "fp16",
             "versions": tool_versions(),
         }
+        if self.phase != "decode":
+            out.update(phase=self.phase, q_len=self.q_len)
+        return out
 
     @property
     def key(self) -> str:
         digest = hashlib.sha256(json.dumps(self.fingerprint(), sort_keys=True).encode()).hexdigest()[:10]
         parts = [self.source.label, self.variant, self.kv_mode, f"ctx{self.ctx}"]
+        if self.phase != "decode":
+            parts.append(phase_label(self.phase, self.q_len))
         if self.compression:
             parts.append(_compression_label(self.compression, self.source.config_dict.get("num_hidden_layers", 0)))
         if self.build_mode == ANALYSIS_MODE:
             parts.append(ANALYSIS_MODE)
         return "-".join([*parts, digest])
 
+    def stored(self) -> StoredSpec:
+        """The spec as a build's analysis stores it."""
+        return StoredSpec(self.source, self.variant, self.kv_mode, self.ctx, self.compression, self.equivalence_steps,
+                          phase=self.phase, q_len=self.q_len, build_mode=self.build_mode)
+
     def to_json(self) -> dict[str, Any]:
-        s = self.source
-        return {
-            "source": {"kind": s.kind, "ref": s.ref, "label": s.label, "overrides": list(s.overrides),
-                       "fingerprint": s.fingerprint()},
-            "variant": self.variant,
-            "kv_mode": self.kv_mode,
-            "ctx": self.ctx,
-            "compression": self.compression,
-            "equivalence_steps": self.equivalence_steps,
-            "build_mode": self.build_mode,
-        }
+        return self.stored().to_json()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> BuildSpec:
-        from analyzer.model.sources import source_from_fingerprint
+    def from_json(cls, d: Any, where: str = "build request") -> BuildSpec:
+        return cls.from_stored(StoredSpec.from_json(Field(d, where)))
 
-        s = d["source"]
-        source = source_from_fingerprint(s["kind"], s["ref"], s["label"], s["fingerprint"], s["overrides"])
-        return cls(source, d["variant"], d["kv_mode"], d["ctx"], d["compression"], d["equivalence_steps"],
-                   d.get("build_mode", MATERIALISED_MODE))
+    @classmethod
+    def from_stored(cls, s: StoredSpec) -> BuildSpec:
+        return cls(s.source, s.variant, s.kv_mode, s.ctx, s.compression, s.equivalence_steps, s.phase, s.q_len,
+                   s.build_mode)
+
+    def for_phase(self, phase: str) -> BuildSpec:
+        """The single-phase spec of one function of this build (``decode`` or ``prefill``)."""
+        from dataclasses import replace
+
+        return replace(self, phase=phase, q_len=1 if phase == "decode" else self.q_len)
 
 
-def materialised_spec(spec_json: dict[str, Any]) -> BuildSpec:
+def materialised_spec(spec: StoredSpec | BuildSpec) -> BuildSpec:
     """What exporting a runnable ``.mlpackage`` from an analysis (an analysis-mode build, or a shipped analysis)
-    builds: the same spec with weight values. Its cost: ``analyzer.build.costs.estimate_cost``."""
+    builds: the same spec with weight values. Its cost: ``analyzer.model.cost.estimate(..., "materialised")``."""
     from dataclasses import replace
 
-    return replace(BuildSpec.from_json(spec_json), build_mode=MATERIALISED_MODE)
+    live = spec if isinstance(spec, BuildSpec) else BuildSpec.from_stored(spec)
+    return replace(live, build_mode=MATERIALISED_MODE)
+
+
+def phase_label(phase: str, q_len: int) -> str:
+    """``prefill64`` / ``decode+prefill64``: a build key's phase part (decode builds have none)."""
+    return f"{phase}{q_len}"
 
 
 def _compression_label(canonical: str, num_layers: int) -> str:
     """The preset's name when the spec is one (``top8``), else ``custom``; the hash tells customs apart."""
-    from analyzer.build.compress import PRESETS, canonical_spec
+    from analyzer.build.compress.spec import preset_of
 
-    for name in PRESETS:
-        if canonical_spec(name, num_layers) == canonical:
-            return name
-    return "custom"
+    return preset_of(canonical, num_layers) or "custom"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,22 +207,12 @@ def is_complete(path: Path) -> bool:
     return (path / ANALYSIS_FILE).is_file()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_tmp(root: Path) -> list[Path]:
     """Remove ``.tmp-<key>-<pid>`` folders whose process is gone (a killed build)."""
     removed = []
     for tmp in root.glob(".tmp-*"):
         pid_text = tmp.name.rsplit("-", 1)[-1]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not psutil.pid_exists(int(pid_text)):
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp)
     return removed
@@ -203,22 +220,29 @@ def clean_stale_tmp(root: Path) -> list[Path]:
 
 def run_build(spec: BuildSpec, root: str | Path | None = None,
               on_progress: Callable[[Progress], None] | None = None,
-              timeout_s: float | None = None) -> BuildResult:
-    """Return the build for ``spec``, converting it in a child process unless it already exists."""
-    return run_builds([spec], root, on_progress, timeout_s)[0]
+              timeout_s: float | None = None, force_ctx: bool = False) -> BuildResult:
+    """Return the build for ``spec``, converting it in a child process unless it already exists. A request
+    that cannot work (absurd sizes, more memory than the limit, ctx past the model's positions unless
+    ``force_ctx``) is refused here, before the child starts."""
+    return run_builds([spec], root, on_progress, timeout_s, force_ctx)[0]
 
 
 def run_builds(specs: list[BuildSpec] | tuple[BuildSpec, ...], root: str | Path | None = None,
                on_progress: Callable[[Progress], None] | None = None,
-               timeout_s: float | None = None) -> list[BuildResult]:
+               timeout_s: float | None = None, force_ctx: bool = False) -> list[BuildResult]:
     """Return the builds for ``specs`` (in order), converting the missing ones in ONE child process: the two
-    variants of an A/B share its model, its equivalence check and (analysis mode) one value-free model traced
-    once per variant."""
+    variants of an A/B share its process, its equivalence check and (analysis mode) one value-free model.
+    Every missing build is checked against the cost model first (``analyzer.model.cost.check_request``)."""
+    from analyzer.model.cost import check_request
+    from analyzer.model.sources import load_config
+
     t0 = time.monotonic()
     root = builds_dir(root)
     if not specs:
         return []
     missing = [s for s in dict.fromkeys(specs) if not is_complete(root / s.key)]
+    for s in missing:
+        check_request(load_config(s.source), s.ctx, force_ctx=force_ctx, mode=s.build_mode)
     if missing:
         _convert_in_child(missing, root, on_progress, timeout_s, t0)
     seconds = time.monotonic() - t0
@@ -284,55 +308,84 @@ def _last_line(path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- reading
-
-def list_builds(root: str | Path | None = None) -> list[dict[str, Any]]:
-    """Finished builds, newest first: key, path and the analysis headline."""
+def list_builds(root: str | Path | None = None) -> list[Analysis]:
+    """Finished builds, newest first (a folder whose analysis cannot be read is left out)."""
     out = []
-    for d in builds_dir(root).iterdir() if builds_dir(root).is_dir() else []:
+    folder = builds_dir(root)
+    for d in folder.iterdir() if folder.is_dir() else []:
         if d.name.startswith(".") or not is_complete(d):
             continue
         try:
-            a = load_analysis(d)
+            analysis = read_analysis_file(d)
         except QfoldError:
             continue
-        out.append({"key": d.name, "path": str(d), "created": a.get("created", ""), "spec": a.get("spec", {}),
-                    "summary": a.get("summary", {}), "build_mode": a.get("build_mode", MATERIALISED_MODE)})
-    return sorted(out, key=lambda b: b["created"], reverse=True)
+        if analysis.build is not None:
+            out.append(analysis)
+    return sorted(out, key=lambda a: a.build.created if a.build else "", reverse=True)
 
 
-def queue(root: str | Path | None = None) -> list[dict[str, Any]]:
-    """Conversions queued or running on this machine (from ``builds/.queue``; dead entries skipped)."""
-    qdir = builds_dir(root) / ".queue"
+def build_folder(analysis: Analysis) -> Path:
+    """The build folder an analysis was read from."""
+    return Path(analysis.file).parent
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """A conversion waiting for the machine-wide slot or running (a file in ``builds/.queue``)."""
+
+    key: str
+    pid: int
+    state: str  # "queued" | "running"
+    since_s: float  # Unix time it was queued
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "pid": self.pid, "state": self.state, "since": self.since_s}
+
+
+def write_queue_entry(path: Path, entry: QueueEntry) -> None:
+    write_json_atomic(path, entry.to_json())
+
+
+def queue(root: str | Path | None = None) -> list[QueueEntry]:
+    """Conversions queued or running on this machine, oldest first; entries whose process is gone (a killed
+    build) or that cannot be read are left out."""
+    qdir = builds_dir(root) / QUEUE_DIR
     out = []
     for f in sorted(qdir.glob("*.json")) if qdir.is_dir() else []:
         try:
-            entry = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
+            d = json.loads(f.read_text())
+            entry = QueueEntry(str(d["key"]), int(d["pid"]), str(d["state"]), float(d["since"]))
+        except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _pid_alive(int(entry.get("pid", -1))):
+        if psutil.pid_exists(entry.pid):
             out.append(entry)
-    return sorted(out, key=lambda e: e.get("since", 0))
+    return sorted(out, key=lambda e: e.since_s)
 
 
 def load_bytes_per_token(path: str | Path) -> int:
     """Total logical bytes per decode token of a build folder, an analysis.json or any .mlpackage."""
-    from analyzer.graph.record import load_program
+    from analyzer.graph.record import load_analysis
 
-    return int(load_program(path)[1]["bytes"]["bytes_per_token"]["total"])
+    return load_analysis(path).bytes_per_token.total
 
-def reanalyze_build(path: str | Path) -> dict[str, Any]:
-    """Walk a build's saved package again and rewrite its analysis.json (summary, bytes, program), keeping
-    spec, timings and equivalence: for builds made before the walker learned something new."""
+
+def reanalyze(path: str | Path) -> Analysis:
+    """Rewrite an analysis with this version's walker: a build folder's saved package is walked again; an
+    ``analysis.json`` without a package (a shipped one, or an analysis-mode build, which keeps none) has its
+    stored ops' facts derived again (schema migration). Build metadata (spec, timings, equivalence) is kept."""
+    from dataclasses import replace
+
     from analyzer.graph.mil import read_program
-    from analyzer.graph.record import program_document
+    from analyzer.graph.record import function_analysis_files
 
-    build = Path(path)
-    doc = load_analysis(build)
-    if not (build / PACKAGE_NAME).is_dir():
-        raise QfoldError(f"{build}: an {doc.get('build_mode', 'analysis')}-mode build keeps no .mlpackage to walk "
-                         "again; build it again instead")
-    fresh = program_document(read_program(build / PACKAGE_NAME))
-    fresh["program"]["path"] = PACKAGE_NAME
-    doc.update(fresh)
-    write_json_atomic(build / ANALYSIS_FILE, doc, compact=True)
-    return doc
+    p = Path(path)
+    file = p / ANALYSIS_FILE if p.is_dir() else p
+    package = file.parent / PACKAGE_NAME
+    for f in function_analysis_files(p) if p.is_dir() else (file,):  # every function of a multi-function build
+        old = read_analysis_file(f)
+        if p.is_dir() and package.is_dir():
+            fresh = replace(old, program=replace(read_program(package, old.function), path=PACKAGE_NAME))
+        else:
+            fresh = old
+        write_analysis(f, fresh)
+    return read_analysis_file(file)

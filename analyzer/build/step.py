@@ -1,4 +1,5 @@
-"""A decode step (``analyzer.model.decode.DecodeStep``) → a traced TorchScript module → ``ct.convert`` arguments.
+"""A decode or prefill step (``analyzer.model.decode.DecodeStep``, ``analyzer.model.prefill.PrefillStep``) → a
+traced TorchScript module → ``ct.convert`` arguments.
 
 One place for what every conversion shares, whether its weights hold values (:func:`convert_step`, which
 returns a runnable ``MLModel``) or not (``analyzer.build.valuefree``): the Core ML inputs, states and
@@ -12,17 +13,19 @@ from typing import Any
 
 
 def ct_io(step):
-    """Core ML inputs, states and outputs of a decode step: token id, position and additive mask in; logits
-    out; the KV cache as one state per layer and K/V (``--kv state``) or as inputs with the new K/V as
-    outputs (``--kv input``)."""
+    """Core ML inputs, states and outputs of a decode step (q_len 1) or a prefill step (q_len N: ``input_ids``
+    ``[1, N]``, ``causal_mask`` ``[1, 1, N, S]``, or ``[1, 1, N, S + N]`` with the cache as inputs): logits out;
+    the KV cache as one state per layer and K/V (``--kv state``) or as inputs with the new K/V as outputs."""
     import coremltools as ct
     import numpy as np
 
     g = step.geometry
+    n = getattr(step, "q_len", 1)
     cache_shape = (1, g.num_kv_heads, step.ctx, g.head_dim)
-    inputs = [ct.TensorType(name="input_ids", shape=(1, 1), dtype=np.int32),
+    mask_width = step.ctx + (n if n > 1 and step.kv_mode == "input" else 0)
+    inputs = [ct.TensorType(name="input_ids", shape=(1, n), dtype=np.int32),
               ct.TensorType(name="current_pos", shape=(1,), dtype=np.int32),
-              ct.TensorType(name="causal_mask", shape=(1, 1, 1, step.ctx), dtype=np.float16)]
+              ct.TensorType(name="causal_mask", shape=(1, 1, n, mask_width), dtype=np.float16)]
     names = [f"{kv}_cache_{i}" for i in range(g.num_layers) for kv in "kv"]
     outputs = [ct.TensorType(name="logits", dtype=np.float16)]
     if step.kv_mode == "state":
@@ -60,24 +63,27 @@ def convert_kwargs(step, convert_to: str, keep_duplicate_consts: bool = False) -
 
 
 def trace_step(step):
-    """``torch.jit.trace`` of one decode step (the traced module shares the step's parameters and buffers),
-    then the slot the traced step wrote emptied again (``example_inputs`` decodes at position 0). Only that
-    slot: a lazy cache (``DecodeStep(lazy_cache=True)``) stays unwritten, and so out of the resident set."""
+    """``torch.jit.trace`` of one decode or prefill step (the traced module shares the step's parameters and
+    buffers), then the slots the traced call wrote emptied again (the example call runs at position 0: slots
+    ``0 .. q_len - 1``). Only those: a lazy cache (``DecodeStep(lazy_cache=True)``) stays unwritten, and so out
+    of the resident set."""
     import torch
 
     from analyzer.model.decode import example_inputs
+    from analyzer.model.prefill import PrefillStep, example_prefill_inputs
 
+    example = example_prefill_inputs(step) if isinstance(step, PrefillStep) else example_inputs(step)
     with torch.no_grad():
-        traced = torch.jit.trace(step, example_inputs(step), check_trace=False)
+        traced = torch.jit.trace(step, example, check_trace=False)
         for name, buf in traced.named_buffers():
             if "_cache_" in name:
-                buf[:, :, 0:1].zero_()
+                buf[:, :, 0:getattr(step, "q_len", 1)].zero_()
     return traced
 
 
 def convert_step(step, keep_duplicate_consts: bool = False):
-    """Trace the decode step and convert it to an iOS18 ML Program (fp16 compute). Returns the MLModel, whose
-    weights are the torch model's values (a materialised build)."""
+    """Trace the decode (or prefill) step and convert it to an iOS18 ML Program (fp16 compute). Returns the
+    MLModel, whose weights are the torch model's values (a materialised build)."""
     import coremltools as ct
 
     return ct.convert(trace_step(step), **convert_kwargs(step, "mlprogram", keep_duplicate_consts))

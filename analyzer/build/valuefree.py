@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.graph.mil import ZERO_CHECK_MAX_BYTES, MilProgram, read_program
+from analyzer.graph.mil import MilProgram, read_program
+from analyzer.graph.milproto import ZERO_CHECK_MAX_BYTES
 
 # MIL blob storage v2 (coremltools' libmilstoragepython ``_BlobStorageWriter``): a 64-byte file header
 # (blob count, version 2), then per blob a 64-byte metadata record (sentinel, dtype code, size in bytes, data
@@ -294,7 +295,7 @@ def compress_program(prog, plan, scratch: Path) -> None:
     from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
     from coremltools.optimize.coreml import OptimizationConfig
 
-    from analyzer.build.compress import _const_weights, check_all_compressed, optimization_configs, plan_weights
+    from analyzer.build.compress.apply import _const_weights, check_all_compressed, optimization_configs, plan_weights
 
     package = scratch / "plan.mlpackage"
     shutil.rmtree(package, ignore_errors=True)

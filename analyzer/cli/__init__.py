@@ -1,12 +1,22 @@
 """``python -m analyzer``: everything the dashboard does, headless.
 
 Contract (scripts depend on these names):
-  build --model M --variant {repeat_kv,qfold} [...] [--mode {analysis,materialised}] [--kv {state,input}]
-        [--ctx N] [--set K=V ...] [--compression SPEC]   one build folder per variant, in order, on stdout
-        (one variant: the last stdout line is its folder)
-  inspect PATH [--json] [--ops] [--csv]   PATH: a build folder, an analysis.json or any .mlpackage
-  diff A B [--json]
+  build --model M --variant {repeat_kv,qfold,repeat_kv+fold} [...] [--mode {analysis,materialised}]
+        [--kv {state,input}] [--ctx N] [--set K=V ...] [--compression SPEC]
+        [--phase {decode,prefill,decode+prefill}] [--q-len N]
+                                      one build folder per variant, in order, on stdout
+                                      (one variant: the last stdout line is its folder)
+  inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}]
+                                          PATH: a build folder, an analysis.json or any .mlpackage
+  diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}]
+  graph A [B] [--layer N|outside] [--function NAME] --out FILE.svg|FILE.dot [--no-collapse]
+                                      last stdout line: the file written
+  fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
+  run PKG --inputs IN.npz --out OUT.npz [--states S.npz] [--function NAME]
+      (or --steps N [--input-spec SPEC.json] [--seed S] instead of --inputs: N seeded decode steps)
   fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
+  sweep --model M [--model M2 ...] --ctx 512,1024 --variant repeat_kv,qfold [--compression SPEC ...]
+        [--structure] [--set K=V ...] [--address ADDR] --out TABLE.csv   last stdout line: the table
 Bad arguments and failed steps exit non-zero with one line on stderr, no traceback.
 """
 
@@ -21,7 +31,8 @@ from analyzer.errors import QfoldError
 
 # Every subcommand, in --help order: a module ``analyzer.cli.<name>`` with ``add_parser(subparsers)`` that sets
 # ``func``. Imported directly: a broken subcommand is an error, never silently missing.
-COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "fit", "compression", "reanalyze", "presets", "builds")
+COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "graph", "fold", "run", "fit", "sweep", "compression",
+                             "reanalyze", "presets", "builds")
 
 
 def make_parser() -> Parser:

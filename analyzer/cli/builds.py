@@ -15,14 +15,18 @@ def add_parser(sub) -> None:
 
 
 def cmd_builds(args) -> int:
-    from analyzer.build.builds import list_builds, queue
+    from analyzer.build.builds import build_folder, list_builds, queue
 
     builds, q = list_builds(args.builds_dir), queue(args.builds_dir)
     if args.json:
-        print(json.dumps({"builds": builds, "queue": q}))
+        print(json.dumps({
+            "builds": [{"key": a.build.key, "path": str(build_folder(a)), "created": a.build.created,
+                        "spec": a.build.spec.to_json(), "summary": a.summary.to_json()} for a in builds if a.build],
+            "queue": [e.to_json() for e in q],
+        }, allow_nan=False))
         return 0
-    print(fmt.table([(b["key"], b["summary"].get("tile_count"), b["created"]) for b in builds],
+    print(fmt.table([(a.build.key, a.summary.tile_count, a.build.created) for a in builds if a.build],
                     ("build", "tiles", "created")))
     for e in q:
-        print(f"{e['state']}: {e['key']} (pid {e['pid']})")
+        print(f"{e.state}: {e.key} (pid {e.pid})")
     return 0

@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 from analyzer import fmt
-from analyzer.build.compress import PRESETS, canonical_spec, parse_spec
+from analyzer.build.compress import ASSUMED_ATTENTION, PRESETS, canonical_spec, parse_spec
 from analyzer.cli.common import positive_int
 
-_HELP = """\
+HELP = f"""\
 Compression spec: one line of comma-separated items (quote it in the shell: it contains [ ]).
 
   PRESET                     base | top8 | top12 (at most one; your items override it)
@@ -25,6 +25,8 @@ Compression spec: one line of comma-separated items (quote it in the shell: it c
           scikit-learn)
 
 The most specific item wins (ffn[..]/attn[..] > layers[..] > ffn=/attn=), in any order.
+The presets' attention precision outside the promoted layers ({ASSUMED_ATTENTION}) is an assumption: the write-up
+states FFN, lm_head, embedding and the promoted layers only. Change it with e.g. 'top8,attn=int8'.
 Weights are random unless you load safetensors, so no layer-sensitivity ranking exists: the presets
 promote the first and last layers; name other layers yourself (e.g. layers[0-3,26-29]=int8).
 Compressed sizes are read back from the built graph, never estimated from the spec.
@@ -35,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``compression``: the presets, the spec format, and a spec resolved for N layers."""
     p = subparsers.add_parser(
         "compression", help="list weight-compression presets and explain the spec format",
-        description=_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", nargs="?", default="top8", help="a preset or spec to resolve (default: top8)")
     p.add_argument("--layers", type=positive_int, default=30,
                    help="decoder layers to resolve first:/last: rules for (default 30, EXAONE 4.0 1.2B)")
@@ -48,8 +50,9 @@ def compression_document(spec: str, num_layers: int) -> dict[str, Any]:
     plan = parse_spec(spec, num_layers)
     return {
         "presets": [{"name": p.name, "spec": p.spec, "description": p.description,
-                     "canonical": canonical_spec(p.name, num_layers)} for p in PRESETS.values()],
-        "help": _HELP,
+                     "canonical": canonical_spec(p.name, num_layers), "attention": p.attention,
+                     "assumption": p.assumption} for p in PRESETS.values()],
+        "help": HELP,
         "resolved": {"input": spec, **plan.to_json()},
     }
 
@@ -62,7 +65,7 @@ def cmd_compression(args) -> int:
     print(fmt.table([(p["name"], p["description"], p["spec"]) for p in doc["presets"]],
                     ("preset", "what", "spec")))
     print()
-    print(_HELP)
+    print(HELP)
     r = doc["resolved"]
     print(f"{args.spec} on {args.layers} layers = {r['spec']}")
     print(fmt.table([(row["layer"], row["ffn"], row["attn"]) for row in r["layers"]], ("layer", "ffn", "attn")))

@@ -6,7 +6,10 @@ rejected whole or no row was accepted, 2 a bad argument. Errors go to stderr as 
 never as a traceback.
 
     python -m analyzer fit LOG [LOG ...] [--build LABEL=BUILD_PATH|BYTES ...] [--bw BYTES_PER_S]
-                           [--overhead] [--json]
+                           [--device NAME] [--label BUILD] [--overhead] [--json]
+
+LOG is any format ``analyzer.device.logs`` reads, recognised by content (llama-bench markdown/CSV/JSON/SQL,
+llama.cpp / mlx_lm / ExecuTorch / ANEMLL runner output, qfold's CSV). Only decode runs are fitted.
 """
 
 from __future__ import annotations
@@ -17,28 +20,24 @@ import math
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from analyzer.device.bandwidth import (
-    BandwidthAssumption,
-    BandwidthFit,
-    CrossCheckReport,
-    bandwidth_per_device,
-    crosscheck,
-    fit_devices,
-)
+from analyzer import fmt
+from analyzer.device.bandwidth import BW_RANGE_BYTES_PER_S
+from analyzer.device.fit import BandwidthReport, bandwidth_report
 from analyzer.device.logs import (
-    BuildDeviceSummary,
     LogImport,
     LogLimits,
     check_size,
+    normalize_label,
     parse_decimal,
     parse_logs,
-    summarize,
 )
+from analyzer.errors import QfoldError
 from analyzer.fmt import MB, table
+from analyzer.report.assumptions import assumption_notes
 
 PROG = "qfold fit"
 
@@ -54,7 +53,17 @@ def _bw_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}; give bytes/s, e.g. 55900000000") from e
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: bandwidth must be a finite number of bytes/s > 0")
+    lo, hi = BW_RANGE_BYTES_PER_S
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: bandwidth must be between {lo:g} and {hi:g} bytes/s")
     return value
+
+
+def _label_arg(text: str) -> str:
+    label = normalize_label(text)
+    if not label or any(ord(c) < 32 or c == "\x7f" for c in label):
+        raise argparse.ArgumentTypeError(f"{text!r}: a label must be non-empty, without control characters")
+    return label
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -63,7 +72,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "fit",
         help="cross-check device logs against graph bytes/token and fit a bandwidth per device",
         description=(
-            "Import device logs (qfold CSV, llama-bench CSV/JSON), compare measured tok/s with the "
+            "Import device logs (any format, recognised by content: llama-bench markdown/CSV/JSON/JSONL/SQL, "
+            "llama.cpp, mlx_lm, ExecuTorch and ANEMLL runner output, qfold's CSV), compare measured decode tok/s "
+            "with the "
             "bandwidth model tok/s = BW / bytes_per_token, and fit BW (and an optional per-token "
             "overhead) per device. MB = 10^6 bytes."
         ),
@@ -77,9 +88,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--bw", type=_bw_arg, metavar="BYTES_PER_S",
                         help="fixed bandwidth in bytes/s for all devices (default: fitted per device "
                              "where possible, else the write-up's 55,900 MB/s)")
+    parser.add_argument("--device", type=_label_arg, metavar="NAME",
+                        help="device name for rows whose format names none (llama-bench markdown, runner logs); "
+                             "without it the file name stands in, with a warning")
+    parser.add_argument("--label", type=_label_arg, metavar="BUILD",
+                        help="build label for rows whose format names none (runner logs); map it to an analysis "
+                             "with --build BUILD=PATH; without it the file name stands in")
     parser.add_argument("--overhead", action="store_true",
                         help="fit a fixed per-token time t0 as well: t = bytes/BW + t0")
     parser.add_argument("--json", action="store_true", dest="as_json", help="print one JSON object")
+    parser.add_argument("--sweep", metavar="TABLE",
+                        help="a `sweep` table: fit the device model t = Σ bytes_c/BW_c + n_ops·τ + t0 per device on "
+                             "the logs joined to it by build label and context_length, and say which graph fits")
+    parser.add_argument("--map", action="append", default=[], metavar="LABEL=COL:VALUE,...",
+                        help="join a log build label to sweep rows by column values, e.g. "
+                             "exaone-top8=model_label:exaone-4.0-1.2b,compression:top8 (repeatable)")
     parser.set_defaults(func=run_fit)
     return parser
 
@@ -88,42 +111,53 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 # Arguments → inputs
 
 
-def _graph_bytes(specs: Sequence[str]) -> dict[str, int]:
-    """``LABEL=INT`` or ``LABEL=PATH`` → label → bytes/token (paths via analyzer.build.builds)."""
-    graph: dict[str, int] = {}
+@dataclass(frozen=True, slots=True)
+class GraphSource:
+    """Where a ``--build`` label's graph bytes come from, and what they assume."""
+
+    label: str
+    bytes_per_token: int
+    path: str | None  # None: given as a number
+    assumptions: tuple[str, ...] = ()  # report.assumptions.assumption_notes of the analysis
+
+
+def _graph_bytes(specs: Sequence[str]) -> dict[str, GraphSource]:
+    """``LABEL=INT`` or ``LABEL=PATH`` → label → graph bytes/token and where they come from."""
+    graph: dict[str, GraphSource] = {}
     for spec in specs:
         label, sep, value = spec.partition("=")
-        label, value = label.strip(), value.strip()
+        label, value = normalize_label(label), value.strip()  # as the logs' labels are normalised
         if not sep or not label or not value:
             raise _ArgumentError(f"--build {spec!r}: expected LABEL=BUILD_PATH or LABEL=BYTES_PER_TOKEN")
         if label in graph:
             raise _ArgumentError(f"--build {spec!r}: label {label!r} is given twice")
         if re.fullmatch(r"[0-9]+", value):
-            graph[label] = int(value)
-            if graph[label] <= 0:
+            if int(value) <= 0:
                 raise _ArgumentError(f"--build {spec!r}: bytes/token must be > 0")
+            graph[label] = GraphSource(label, int(value), None)
             continue
         if re.fullmatch(r"[-+]?[0-9][0-9_.,eE+-]*", value) and not Path(value).exists():
             raise _ArgumentError(f"--build {spec!r}: bytes/token must be a whole number of bytes "
-                                   "(digits only, no separators or exponent)")
-        graph[label] = _load_build_bytes(spec, value)
+                                 "(digits only, no separators or exponent)")
+        graph[label] = _load_build_bytes(spec, label, value)
     return graph
 
 
-def _load_build_bytes(spec: str, path: str) -> int:
+def _load_build_bytes(spec: str, label: str, path: str) -> GraphSource:
+    from analyzer.graph.record import load_analysis
+
     try:
-        # Lazy: analyzer.build.builds pulls in the conversion stack, needed only for build paths.
-        from analyzer.build.builds import load_bytes_per_token  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise _ArgumentError(f"--build {spec!r}: build paths need analyzer.build.builds.load_bytes_per_token, "
-                               f"which is not available ({e}); pass LABEL=BYTES_PER_TOKEN instead") from e
-    try:
-        value = load_bytes_per_token(path)
-    except (OSError, ValueError) as e:
+        analysis = load_analysis(path)
+    except (OSError, QfoldError) as e:
         raise _ArgumentError(f"--build {spec!r}: {e}") from e
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise _ArgumentError(f"--build {spec!r}: the build reports {value!r} bytes/token, not an int > 0")
-    return value
+    if analysis.call.phase != "decode":
+        raise _ArgumentError(f"--build {spec!r}: a {analysis.call.phase} analysis ({analysis.call.tokens_per_call} "
+                             "tokens per call); the bandwidth fit models decode steps: give a decode build, or the "
+                             "decode function of a decode+prefill build")
+    total = analysis.bytes_per_token.total
+    if total <= 0:
+        raise _ArgumentError(f"--build {spec!r}: the build reports {total!r} bytes/token, not an int > 0")
+    return GraphSource(label, total, path, assumption_notes(analysis))
 
 
 def _read_logs(paths: Sequence[str], limits: LogLimits) -> list[tuple[str, bytes]]:
@@ -158,13 +192,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _json_payload(imported: LogImport, summaries: Sequence[BuildDeviceSummary],
-                  bandwidth: dict[str, BandwidthAssumption], fits: Sequence[BandwidthFit],
-                  report: CrossCheckReport) -> dict[str, Any]:
-    stats = {(s.build, s.device): s for s in summaries}
+def _json_payload(imported: LogImport, result: BandwidthReport, graph: dict[str, GraphSource]) -> dict[str, Any]:
+    summaries, bandwidth, fits, report = result.summaries, result.bandwidth, result.fits, result.crosscheck
     builds = []
-    for row in report.builds:
-        s = stats[(row.build, row.device)]
+    for row, s in zip(report.builds, summaries, strict=True):  # crosscheck keeps the summaries' order
         builds.append({
             "label": row.build,
             "device": row.device,
@@ -193,6 +224,7 @@ def _json_payload(imported: LogImport, summaries: Sequence[BuildDeviceSummary],
         "unmapped_builds": list(report.unmapped_builds),
         "unused_build_labels": list(report.unused_graph_labels),
         "issues": [asdict(i) for i in imported.issues],
+        "graph_sources": [asdict(g) for g in graph.values()],
     })
 
 
@@ -205,9 +237,9 @@ def _r(value: float | None, digits: int = 2) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
-def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
-                fits: Sequence[BandwidthFit], report: CrossCheckReport, *, fixed_bw: bool,
+def _print_text(imported: LogImport, result: BandwidthReport, graph: dict[str, GraphSource], *, fixed_bw: bool,
                 out: TextIO) -> None:
+    bandwidth, fits, report = result.bandwidth, result.fits, result.crosscheck
     files = imported.files
     print(f"{sum(f.n_accepted for f in files)} runs accepted from {len(files)} file(s); "
           f"{sum(f.n_rejected for f in files)} rejected, {sum(f.n_skipped for f in files)} skipped. "
@@ -215,7 +247,7 @@ def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
     print("\nBandwidth used for predictions:", file=out)
     for device, a in bandwidth.items():
         extra = f" + {a.overhead_s * 1e3:.3f} ms/token" if a.overhead_s else ""
-        print(f"  {device}: {a.bytes_per_s / MB:,.0f} MB/s{extra} ({a.source})", file=out)
+        print(f"  {device}: {fmt.bandwidth(a.bytes_per_s)}{extra} ({a.source})", file=out)
     print("\nBuilds:", file=out)
     print(table(
         [[r.build, r.device, r.n, _r(r.measured_tok_per_s), _r(r.predicted_tok_per_s),
@@ -224,6 +256,9 @@ def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
         ["build", "device", "n", "measured tok/s", "predicted tok/s", "inferred MB/token",
          "graph MB/token", "gap MB", "gap %"],
     ), file=out)
+    for g in graph.values():
+        source = "given as a number" if g.path is None else "; ".join(g.assumptions) or "fp16 weights"
+        print(f"graph bytes of {g.label}: {g.bytes_per_token:,} ({source})", file=out)
     if report.unmapped_builds:
         print(f"no graph bytes (pass --build LABEL=...): {', '.join(report.unmapped_builds)}", file=out)
     if report.unused_graph_labels:
@@ -235,7 +270,7 @@ def _print_text(imported: LogImport, bandwidth: dict[str, BandwidthAssumption],
         print("  (--bw is given: predictions use it; the fits are shown for reference)", file=out)
     for fit in fits:
         r2 = "-" if fit.r_squared is None else f"{fit.r_squared:.4f}"
-        print(f"  {fit.device} [{fit.model}]: BW {fit.bw_bytes_per_s / MB:,.0f} MB/s, "
+        print(f"  {fit.device} [{fit.model}]: BW {fmt.bandwidth(fit.bw_bytes_per_s)}, "
               f"t0 {fit.overhead_s * 1e3:.3f} ms, {fit.n_points} builds, R² {r2}, "
               f"max |residual| {fit.max_abs_residual_pct:.1f}%", file=out)
         print(f"  {fit.verdict}", file=out)
@@ -268,7 +303,7 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
     except _ArgumentError as e:
         _error(str(e), err)
         return 2
-    imported = parse_logs(files, limits)
+    imported = parse_logs(files, limits, device=args.device, build=args.label)
     if imported.rejected_files or not imported.measurements:
         for issue in imported.issues:
             print(issue.describe(), file=err)
@@ -276,20 +311,40 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
                   else "no row was accepted")
         _error(f"log import failed ({reason})", err)
         return 1
-    summaries = summarize(imported.measurements)
+    if not any(m.phase == "decode" for m in imported.measurements):  # the model is a model of decode steps
+        phases = ", ".join(sorted({m.phase for m in imported.measurements}))
+        print(f"{PROG}: note: no decode run to fit (the accepted runs are {phases}); prefill and mixed runs "
+              "are listed but never fitted", file=err)
     try:
-        fits = fit_devices(summaries, graph, overhead=args.overhead)
-        devices = list(dict.fromkeys(s.device for s in summaries))
-        bandwidth = bandwidth_per_device(devices, fits, fixed_bw_bytes_per_s=args.bw)
-        report = crosscheck(summaries, graph, bandwidth)
+        result = bandwidth_report(imported.measurements, {g.label: g.bytes_per_token for g in graph.values()},
+                                  fixed_bw_bytes_per_s=args.bw, overhead=args.overhead)
     except (TypeError, ValueError) as e:
         _error(str(e), err)
         return 1
+    model_report = None
+    if getattr(args, "sweep", None):
+        from analyzer.device.model_report import device_model_report, parse_map
+        from analyzer.device.sweep_table import read_table
+        from analyzer.errors import QfoldError
+
+        try:
+            model_report = device_model_report(imported.measurements, read_table(args.sweep), parse_map(args.map))
+        except QfoldError as e:
+            _error(str(e), err)
+            return 2
     if args.as_json:
-        payload = _json_payload(imported, summaries, bandwidth, fits, report)
+        payload = _json_payload(imported, result, graph)
+        if model_report is not None:
+            from analyzer.device.model_report import report_json
+
+            payload["device_model"] = report_json(model_report)
         print(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False), file=out)
     else:
         for issue in imported.issues:
             print(issue.describe(), file=err)
-        _print_text(imported, bandwidth, fits, report, fixed_bw=args.bw is not None, out=out)
+        _print_text(imported, result, graph, fixed_bw=args.bw is not None, out=out)
+        if model_report is not None:
+            from analyzer.device.model_report import report_text
+
+            print("\n" + report_text(model_report), file=out)
     return 0

@@ -1,4 +1,4 @@
-"""``inspect``: op counts, tiles and bytes per token of a build, an analysis.json or any .mlpackage."""
+"""``inspect``: op counts, tiles, bytes and FLOPs per token of a build, an analysis.json or any .mlpackage."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ import sys
 from typing import Any
 
 from analyzer import fmt
+from analyzer.cli.common import add_analysis_options, load_for_cli
+from analyzer.graph.accounting import OP_COLUMNS
+from analyzer.graph.record import Analysis
+
+# Build fields inspect --json repeats, in this order (scripts read them).
+_BUILD_FIELDS = ("key", "spec", "geometry", "equivalence", "timings", "peak_rss_bytes")
 
 
 def add_parser(sub) -> None:
@@ -15,60 +21,100 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--ops", action="store_true", help="include the per-op byte table")
     p.add_argument("--csv", action="store_true", help="print the per-op byte table as CSV")
+    add_analysis_options(p)
     p.set_defaults(func=cmd_inspect)
 
 
-def inspect_document(path: str, with_ops: bool) -> tuple[dict[str, Any], list[dict]]:
-    from analyzer.graph.accounting import account
-    from analyzer.graph.record import load_program
-
-    program, doc = load_program(path)
-    s = doc["summary"]
-    out = {
+def inspect_json(analysis: Analysis, path: str, with_ops: bool = False) -> dict[str, Any]:
+    """The ``inspect --json`` object: the CLI contract (total_ops, op_counts, tiles, bytes_per_token, ...)."""
+    s, acc = analysis.summary, analysis.account
+    out: dict[str, Any] = {
         "path": str(path),
-        "total_ops": s["total_ops"],
-        "const_ops": s["const_ops"],
-        "non_const_ops": s["non_const_ops"],
-        "op_counts": s["op_counts"],
-        "tiles": s["tiles"],
-        "tile_count": s["tile_count"],
-        "tile_output_bytes": s["tile_output_bytes"],
-        "bytes_per_token": doc["bytes"]["bytes_per_token"],
-        "bytes_by_layer": doc["bytes"]["bytes_by_layer"],
-        "unruled_op_types": doc["bytes"]["unruled_op_types"],
+        "total_ops": s.total_ops,
+        "const_ops": s.const_ops,
+        "non_const_ops": s.non_const_ops,
+        "op_counts": dict(s.op_counts),
+        "tiles": [t.to_json() for t in s.tiles],
+        "tile_count": s.tile_count,
+        "tile_output_bytes": s.tile_output_bytes,
+        "bytes_per_token": acc.per_token().to_json(),
+        "bytes_by_layer": acc.by_layer(),
+        "unruled_op_types": list(acc.unruled_op_types),
+        "weight_charge": acc.weight_charge,
+        "function": analysis.function,
+        "phase": analysis.call.phase,
+        "tokens_per_call": analysis.call.tokens_per_call,
+        "tokens_per_call_from": analysis.call.how,
+        **analysis.flops.to_json(),  # flops_per_token (per prompt token for a prefill), flops_per_call, by layer
     }
-    for key in ("key", "spec", "geometry", "equivalence", "timings", "peak_rss_bytes", "compression_report"):
-        if key in doc:
-            out[key] = doc[key]
-    rows = account(program).op_rows() if with_ops else []
+    if acc.unsized:
+        out["unsized_tensors"] = [u.to_json() for u in acc.unsized]
+    if analysis.build is not None:
+        build = analysis.build.to_json()
+        out.update({k: build[k] for k in _BUILD_FIELDS})
+        out["compression_report"] = analysis.compression.to_json()
     if with_ops:
-        out["ops"] = rows
-    return out, rows
+        flops = {r["index"]: r["total"] for r in analysis.flops.op_rows()}
+        out["ops"] = [{**r, "flops": flops[r["index"]]} for r in acc.op_rows()]
+    return out
+
+
+def inspect_document(path: str, analyses: tuple[Analysis, ...], with_ops: bool) -> dict[str, Any]:
+    """One function: its object. Several: the default function's object plus ``functions``, one object
+    per function."""
+    doc = inspect_json(analyses[0], path, with_ops)
+    if len(analyses) > 1:
+        doc["functions"] = [{"function": a.function, **inspect_json(a, path, with_ops)} for a in analyses]
+    return doc
+
+
+def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
+    s, acc = a.summary, a.account
+    print(f"{path}: {s.total_ops:,} ops ({s.const_ops:,} const, {s.non_const_ops:,} other)")
+    print(fmt.table([(t, n) for t, n in s.op_counts.items()], ("op type", "count")))
+    print(f"\n{s.tile_count} tile ops, {fmt.bytes_both(s.tile_output_bytes)} of output")
+    if s.tiles:
+        print(fmt.table([(t.layer, t.name, str(t.to_json()["input_shape"]), str(list(t.output_shape)), t.dtype,
+                          t.output_bytes, t.kind) for t in s.tiles],
+                        ("layer", "name", "input", "output", "dtype", "bytes", "kind")))
+    b = acc.per_token().to_json()
+    call = a.call
+    per = "decode token" if call.phase == "decode" else f"call ({call.tokens_per_call} prompt tokens)"
+    print(f"\nbytes per {per} (weight charge: {acc.weight_charge})")
+    print(fmt.table([(k, b[k], fmt.mib(b[k])) for k in b], ("category", "bytes", "MiB")))
+    fc, ft = a.flops.per_call().to_json(), a.flops.per_token().to_json()
+    print(f"\nFLOPs per call and {call.per_token_label} (a multiply-add = 2; conventions: analyzer/graph/flops.py)")
+    print(fmt.table([(k, fc[k], ft[k]) for k in fc], ("category", "per call", "per token")))
+    if a.flops.unruled_op_types:
+        print(f"op types with no FLOP rule (counted 0): {', '.join(a.flops.unruled_op_types)}")
+    if a.build is not None and a.compression.compressed_count:
+        print(f"attention weights as stored: {a.compression.precision_text('attn')}")
+    if acc.unruled_op_types:
+        print(f"\nop types with no byte rule (charged as generic compute): {', '.join(acc.unruled_op_types)}")
+    if acc.unsized:
+        print(f"\n{len(acc.unsized)} tensors have a symbolic dimension (or no size) and are in no total, e.g. "
+              + ", ".join(f"{u.tensor} {u.shape} ({u.op_name})" for u in acc.unsized[:5]))
+    if with_ops:
+        print()
+        rows = acc.op_rows()
+        print(fmt.table([[r[c] for c in OP_COLUMNS] for r in rows], OP_COLUMNS))
 
 
 def cmd_inspect(args) -> int:
-    from analyzer.graph.accounting import OP_COLUMNS
-
-    doc, rows = inspect_document(args.path, args.ops or args.csv)
-    if args.csv:
-        sys.stdout.write(fmt.to_csv(rows, OP_COLUMNS))
+    analyses = load_for_cli(args.path, args)
+    if args.csv:  # several functions: one table with a leading function column
+        several = len(analyses) > 1
+        rows = [{"function": a.function, **r} if several else r for a in analyses for r in a.account.op_rows()]
+        sys.stdout.write(fmt.to_csv(rows, ("function", *OP_COLUMNS) if several else OP_COLUMNS))
         return 0
     if args.json:
-        print(json.dumps(doc))
+        print(json.dumps(inspect_document(args.path, analyses, args.ops), allow_nan=False))
         return 0
-    print(f"{doc['path']}: {doc['total_ops']:,} ops ({doc['const_ops']:,} const, {doc['non_const_ops']:,} other)")
-    print(fmt.table([(t, n) for t, n in doc["op_counts"].items()], ("op type", "count")))
-    print(f"\n{doc['tile_count']} tile ops, {fmt.bytes_both(doc['tile_output_bytes'])} of output")
-    if doc["tiles"]:
-        print(fmt.table([(t["layer"], t["name"], str(t["input_shape"]), str(t["output_shape"]), t["dtype"],
-                          t["output_bytes"], t["kind"]) for t in doc["tiles"]],
-                        ("layer", "name", "input", "output", "dtype", "bytes", "kind")))
-    b = doc["bytes_per_token"]
-    print("\nbytes per decode token")
-    print(fmt.table([(k, b[k], fmt.mib(b[k])) for k in b], ("category", "bytes", "MiB")))
-    if doc["unruled_op_types"]:
-        print(f"\nop types with no byte rule (charged as generic compute): {', '.join(doc['unruled_op_types'])}")
-    if args.ops:
-        print()
-        print(fmt.table([[r[c] for c in OP_COLUMNS] for r in rows], OP_COLUMNS))
+    if len(analyses) > 1:
+        print(f"{args.path}: {len(analyses)} functions ({', '.join(a.function for a in analyses)}); "
+              "each is reported on its own (--function NAME picks one)\n")
+    for i, a in enumerate(analyses):
+        if len(analyses) > 1:
+            print(("\n" if i else "") + f"== function {a.function}")
+        print_analysis(a, args.path, args.ops)
     return 0

@@ -1,18 +1,20 @@
-"""``reanalyze``: walk a build's saved package again and rewrite its analysis.json."""
+"""``reanalyze``: rewrite analyses with this version's walker (a build's saved package is walked again; an
+analysis.json without a package has its stored ops' facts derived again)."""
 
 from __future__ import annotations
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("reanalyze", help="walk a build's saved .mlpackage again and rewrite its analysis.json")
-    p.add_argument("paths", nargs="+", help="build folders")
+    p = sub.add_parser("reanalyze", help="rewrite analyses with this version's walker and schema",
+                       description=__doc__.split("\n\n")[0].removeprefix("``reanalyze``: "))
+    p.add_argument("paths", nargs="+", help="build folders or analysis.json files")
     p.set_defaults(func=cmd_reanalyze)
 
 
 def cmd_reanalyze(args) -> int:
-    from analyzer.build.builds import reanalyze_build
+    from analyzer.build.builds import reanalyze
 
     for path in args.paths:
-        doc = reanalyze_build(path)
-        print(f"{path}: {doc['summary']['total_ops']:,} ops, {doc['bytes']['bytes_per_token']['total']:,} B/token")
+        a = reanalyze(path)
+        print(f"{path}: {a.summary.total_ops:,} ops, {a.bytes_per_token.total:,} B/token")
     return 0

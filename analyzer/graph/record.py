@@ -1,132 +1,208 @@
-"""The analysis of one program: op records, counts and tiles, as a JSON-safe document and back.
+"""The analysis record: one walked program, how it was built, and the figures derived from it.
 
-``analysis.json`` in a build folder is this document plus the build's spec, timings and equivalence; the
-shipped default analysis (no ``.mlpackage``) is the same document, so every view works from it alone.
+:class:`Analysis` is what every view reads (diff, report, figures, the catalog, the pages, the CLI). It
+stores the program (op records) and, for qfold builds, the :class:`~analyzer.graph.buildinfo.BuildInfo`;
+the summary (op counts, tiles), the byte account and the compression report are derived from the program
+when first read, with the current rules, so a stored analysis never shows figures the current code would not
+produce.
+
+On disk (``analysis.json`` in a build folder; the shipped analyses; the Export page's download) it is JSON
+with a ``schema_version``:
+
+- **2** (this version) stores each op's ``parent`` (the op whose nested block holds it) and the op facts
+  (layer, tile kind) as the current walker derives them.
+- **1** (qfold 0.1.0 before the typed record) is migrated on load: ops get no parent (the old walker
+  flattened nested blocks), and each op's layer and tile kind are derived again by the current walker code
+  (:func:`analyzer.graph.opfacts.derive_op_facts`). Constant-zero flags are kept: they were read from weight
+  data that an analysis does not hold.
+- anything else is refused, naming the file and the version.
+
+The derived ``summary``, ``bytes`` and ``compression_report`` are written too, for readers of the file,
+and ignored on load.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
+import re
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from analyzer.errors import QfoldError
-from analyzer.graph.mil import InputRef, MilProgram, OpRecord, TensorInfo, read_program
+from analyzer.errors import AnalysisFileError
+from analyzer.fsio import read_json, write_json_atomic
+from analyzer.graph.accounting import (
+    DEFAULT_WEIGHT_CHARGE,
+    ByteAccount,
+    BytesPerToken,
+    LayerBytes,
+    WeightCharge,
+    account,
+)
+from analyzer.graph.buildinfo import BuildInfo
+from analyzer.graph.compression import CompressionReport, compression_report
+from analyzer.graph.flops import FlopAccount, count_flops
+from analyzer.graph.jsonfields import Field
+from analyzer.graph.mil import list_functions, read_program
+from analyzer.graph.opfacts import derive_op_facts
+from analyzer.graph.phase import CallShape, call_shape
+from analyzer.graph.program import MilProgram
+from analyzer.graph.program_json import program_from_json, program_to_json
+from analyzer.graph.summary import ProgramSummary
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 ANALYSIS_FILE = "analysis.json"
+# Keys of the document the analysis itself owns (the rest are the build's, or kept as extra).
+_OWN_KEYS = ("schema_version", "compression_report", "summary", "bytes", "program")
 
 
-def tile_rows(program: MilProgram) -> list[dict[str, Any]]:
-    """The CLI contract's tile list: name, layer, shapes, dtype, output bytes, kind."""
-    rows = []
-    for op in program.tiles():
-        x = next((r.tensor for r in op.inputs if r.param == "x"), None)
-        out = op.outputs[0]
-        rows.append({
-            "name": op.name,
-            "layer": op.layer,
-            "input_shape": list(x.shape) if x else None,
-            "output_shape": list(out.shape),
-            "dtype": out.dtype,
-            "output_bytes": out.nbytes or 0,
-            "kind": op.tile_kind,
-        })
-    return rows
+@dataclass(frozen=True)
+class Analysis:
+    """One analysed program. ``build`` is None for a package qfold did not build."""
+
+    program: MilProgram
+    build: BuildInfo | None = None
+    weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE  # how compressed weights count (byte_account)
+    file: str = ""  # the file it was read from; "" when made in memory or walked from a package
+    migrated_from: int | None = None  # the schema version it was stored with, when older than this one
+
+    @cached_property
+    def summary(self) -> ProgramSummary:
+        return ProgramSummary.of(self.program)
+
+    @cached_property
+    def account(self) -> ByteAccount:
+        return account(self.program, self.weight_charge)
+
+    @cached_property
+    def compression(self) -> CompressionReport:
+        return compression_report(self.program)
+
+    @cached_property
+    def call(self) -> CallShape:
+        """What one call does (decode one token / prefill N) and the tokens it consumes."""
+        return call_shape(self.program, self.build.spec if self.build else None)
+
+    @cached_property
+    def flops(self) -> FlopAccount:
+        """FLOPs per call and per token (per prompt token for a prefill), by category and layer."""
+        return count_flops(self.program, self.call.tokens_per_call)
+
+    @property
+    def bytes_per_token(self) -> BytesPerToken:
+        return self.account.per_token()
+
+    @property
+    def bytes_by_layer(self) -> tuple[LayerBytes, ...]:
+        return self.account.layers()
+
+    @property
+    def variant(self) -> str | None:
+        return self.build.spec.variant if self.build else None
+
+    @property
+    def function(self) -> str:
+        return self.program.function
+
+    def with_weight_charge(self, weight_charge: WeightCharge) -> Analysis:
+        return self if weight_charge == self.weight_charge else replace(self, weight_charge=weight_charge)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``analysis.json`` document (schema 2)."""
+        doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        if self.build is not None:
+            doc.update(self.build.to_json())
+            doc["compression_report"] = self.compression.to_json()
+        doc["summary"] = self.summary.to_json()
+        doc["bytes"] = self.account.to_json()
+        doc["program"] = program_to_json(self.program)
+        if self.build is not None:
+            doc.update({k: v for k, v in self.build.extra.items() if k not in doc})
+        return doc
 
 
-def summarize(program: MilProgram) -> dict[str, Any]:
-    counts = program.op_counts()
-    tiles = tile_rows(program)
-    return {
-        "total_ops": program.total_ops,
-        "const_ops": counts.get("const", 0),
-        "non_const_ops": program.total_ops - counts.get("const", 0),
-        "op_counts": counts,
-        "tile_count": len(tiles),
-        "tile_output_bytes": sum(t["output_bytes"] for t in tiles),
-        "kv_replication_tiles": sum(1 for t in tiles if t["kind"] == "kv_replication"),
-        "tiles": tiles,
-    }
+def analysis_from_json(doc: Any, where: str, weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> Analysis:
+    """A parsed ``analysis.json`` as a record, migrating schema 1; ``where`` names the file in errors."""
+    f = Field(doc, where)
+    f.dict()
+    version_field = f.get("schema_version")
+    if version_field is None:
+        f.fail("no schema_version: not a qfold analysis")
+    version = version_field.int()
+    if version not in READABLE_VERSIONS:
+        newer = " (written by a newer qfold)" if version > SCHEMA_VERSION else ""
+        version_field.fail(f"schema version {version}{newer}; this qfold reads versions "
+                           f"{', '.join(map(str, READABLE_VERSIONS))}")
+    program = program_from_json(f["program"], version)
+    if version < SCHEMA_VERSION:
+        program = replace(program, ops=tuple(derive_op_facts(program.ops)))
+    build = BuildInfo.from_json(f, _OWN_KEYS) if f.get("key") is not None else None
+    return Analysis(program, build, weight_charge, where, version if version < SCHEMA_VERSION else None)
 
 
-# ------------------------------------------------------------------------------------------------- JSON
-def _tensor_json(t: TensorInfo) -> list[Any]:
-    return [t.name, list(t.shape), t.dtype, t.nbytes]
-
-
-def _tensor_from(v: list[Any]) -> TensorInfo:
-    return TensorInfo(v[0], tuple(v[1]), v[2], v[3])
-
-
-def program_to_json(program: MilProgram) -> dict[str, Any]:
-    """Compact: tensors as [name, shape, dtype, nbytes], inputs as [param, tensor, producer, const, stored]."""
-    return {
-        "path": program.path,
-        "function": program.function,
-        "opset": program.opset,
-        "spec_version": program.spec_version,
-        "inputs": [_tensor_json(t) for t in program.inputs],
-        "states": [_tensor_json(t) for t in program.states],
-        "outputs": [_tensor_json(t) for t in program.outputs],
-        "ops": [
-            [op.type, op.name, op.layer, op.layer_from,
-             [[r.param, _tensor_json(r.tensor), r.producer, r.is_const, r.stored_bytes] for r in op.inputs],
-             [_tensor_json(t) for t in op.outputs], op.const_bytes, op.tile_kind, op.const_zero]
-            for op in program.ops
-        ],
-    }
-
-
-def program_from_json(d: dict[str, Any]) -> MilProgram:
-    ops = tuple(
-        OpRecord(i, o[0], o[1], o[2], o[3],
-                 tuple(InputRef(r[0], _tensor_from(r[1]), r[2], r[3], r[4]) for r in o[4]),
-                 tuple(_tensor_from(t) for t in o[5]), o[6], o[7], o[8])
-        for i, o in enumerate(d["ops"])
-    )
-    return MilProgram(d["path"], d["function"], d["opset"], d["spec_version"],
-                      tuple(_tensor_from(t) for t in d["inputs"]), tuple(_tensor_from(t) for t in d["states"]),
-                      tuple(_tensor_from(t) for t in d["outputs"]), ops)
-
-
-def program_document(program: MilProgram) -> dict[str, Any]:
-    """summary + program, the part of analysis.json that any .mlpackage yields."""
-    from analyzer.graph.accounting import account
-
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "summary": summarize(program),
-        "bytes": account(program).to_json(),
-        "program": program_to_json(program),
-    }
-
-
-def load_program(path: str | Path) -> tuple[MilProgram, dict[str, Any]]:
-    """A build folder, an analysis.json, or any .mlpackage → (program, analysis document)."""
-    p = Path(path)
-    if (p.is_dir() and (p / ANALYSIS_FILE).is_file()) or (p.is_file() and p.suffix == ".json"):
-        doc = load_analysis(p)
-        program = program_from_json(doc["program"])
-        # summary and bytes are derived data: recompute them with this version's rules (cheap) so a
-        # stored analysis never shows figures the current code would not produce
-        doc.update({k: v for k, v in program_document(program).items() if k in ("summary", "bytes")})
-        return program, doc
-    program = read_program(p)
-    return program, program_document(program)
-
-
-def equivalence_json(report) -> dict[str, Any]:
-    return asdict(report)
-
-def load_analysis(path: str | Path) -> dict[str, Any]:
-    """The ``analysis.json`` of a build folder (or the file itself)."""
+def read_analysis_file(path: str | Path, weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> Analysis:
+    """An ``analysis.json`` (or a build folder holding one)."""
     p = Path(path)
     f = p / ANALYSIS_FILE if p.is_dir() else p
     if not f.is_file():
-        raise QfoldError(f"{p}: no {ANALYSIS_FILE} (not a finished qfold build)")
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise QfoldError(f"{f}: not valid JSON ({e.msg} at line {e.lineno})") from e
+        raise AnalysisFileError(f"{p}: no {ANALYSIS_FILE} (not a finished qfold build)")
+    return analysis_from_json(read_json(f, error=AnalysisFileError), str(f), weight_charge)
+
+
+def is_analysis_path(path: str | Path) -> bool:
+    p = Path(path)
+    return (p.is_dir() and (p / ANALYSIS_FILE).is_file()) or (p.is_file() and p.suffix == ".json")
+
+
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+
+
+def function_analysis_file(function: str) -> str:
+    """``analysis.<function>.json``: a build folder's analysis of a function other than its default one (a
+    multi-function build; the default function's is ``analysis.json``)."""
+    if not _FUNCTION_NAME.fullmatch(function):
+        raise AnalysisFileError(f"function name {function!r}: a build stores analyses of functions named with "
+                                "letters, digits and _ only")
+    return f"analysis.{function}.json"
+
+
+def function_analysis_files(folder: str | Path) -> tuple[Path, ...]:
+    """A build folder's analysis files: ``analysis.json`` (its default function) first, then one per other
+    function of a multi-function package, by name."""
+    p = Path(folder)
+    others = sorted(f for f in p.glob("analysis.*.json") if _FUNCTION_NAME.fullmatch(f.name[9:-5]))
+    return (p / ANALYSIS_FILE, *others)
+
+
+def load_analysis(path: str | Path, function: str | None = None,
+                  weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> Analysis:
+    """A build folder, an ``analysis.json``, or any ``.mlpackage`` (``function`` picks one function of a
+    multi-function package or build; None: its default function)."""
+    if is_analysis_path(path):
+        analysis = read_analysis_file(path, weight_charge)
+        if function is None or function == analysis.function:
+            return analysis
+        p = Path(path)
+        other = p / function_analysis_file(function) if p.is_dir() else None
+        if other is not None and other.is_file():
+            return read_analysis_file(other, weight_charge)
+        have = [a.function for a in load_analyses(path, weight_charge)] if p.is_dir() else [analysis.function]
+        raise AnalysisFileError(f"{analysis.file}: no function {function!r} (has {', '.join(have)})")
+    return Analysis(read_program(path, function), weight_charge=weight_charge)
+
+
+def load_analyses(path: str | Path, weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> tuple[Analysis, ...]:
+    """Every function of a package or a multi-function build (the default one first), or the one analysis of
+    an ``analysis.json``."""
+    p = Path(path)
+    if p.is_dir() and (p / ANALYSIS_FILE).is_file():
+        return tuple(read_analysis_file(f, weight_charge) for f in function_analysis_files(p))
+    if is_analysis_path(path):
+        return (read_analysis_file(path, weight_charge),)
+    return tuple(Analysis(read_program(path, fn), weight_charge=weight_charge) for fn in list_functions(path))
+
+
+def write_analysis(path: str | Path, analysis: Analysis) -> None:
+    """Write ``analysis.json`` atomically, as strict JSON."""
+    write_json_atomic(Path(path), analysis.to_json(), compact=True)

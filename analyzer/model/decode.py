@@ -1,6 +1,6 @@
 """One decode step (q_len 1) of any transformers GQA decoder, in a form torch.jit.trace and Core ML accept.
 
-The mechanism needs no per-family code (design.md, probe/generic_decode.py):
+The mechanism needs no per-family code (docs/measurements.md, "One decode step for every family"):
 
 * attention: one function per variant is registered with ``transformers.AttentionInterface`` and named in
   ``config._attn_implementation``; every family then hands it the query ``[B, Hq, 1, D]`` and the
@@ -216,6 +216,7 @@ class DecodeStepContext:
     variant: str
     new_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     calls: list[int] = field(default_factory=list)
+    q_len: int = 1  # query rows per call: 1 for a decode step, N for a prefill step (analyzer.model.prefill)
 
 
 def _attention_fn(variant_name: str) -> Callable:
@@ -223,16 +224,21 @@ def _attention_fn(variant_name: str) -> Callable:
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
                   sliding_window=None, qfold_step: DecodeStepContext | None = None,
-                  qfold_window_mask=None, s_aux=None, **_):
+                  qfold_window_mask=None, qfold_mask=None, s_aux=None, **_):
         if s_aux is not None:
             raise SourceError("this model uses attention sinks (s_aux); qfold's variants do not model them")
-        if query.shape[2] != 1:
-            raise SourceError(f"decode step expects q_len 1, got {query.shape[2]}")
-        mask = attention_mask
-        if sliding_window is not None and qfold_window_mask is not None:
-            mask = qfold_window_mask
-        if mask is not None:
-            mask = mask[:, :, :, : key.shape[-2]].to(query.dtype)  # [1, 1, 1, S]
+        q_len = qfold_step.q_len if qfold_step is not None else 1
+        if query.shape[2] != q_len:
+            raise SourceError(f"{'decode' if q_len == 1 else 'prefill'} step expects q_len {q_len}, "
+                              f"got {query.shape[2]}")
+        if qfold_mask is not None:  # a prefill step's masks, laid out once per call for this variant
+            mask = qfold_window_mask if sliding_window is not None and qfold_window_mask is not None else qfold_mask
+        else:
+            mask = attention_mask
+            if sliding_window is not None and qfold_window_mask is not None:
+                mask = qfold_window_mask
+            if mask is not None:
+                mask = mask[:, :, :, : key.shape[-2]].to(query.dtype)  # [1, 1, 1, S]
         new_kv = None
         if qfold_step is not None:
             qfold_step.calls.append(module.layer_idx)
@@ -279,9 +285,9 @@ def _cache_classes():
             if self.step.kv_mode == "input":  # read-only cache: hand the new k/v to the attention function
                 self.step.new_kv[self.index] = (key_states, value_states)
                 return self.keys.to(key_states.dtype), self.values.to(value_states.dtype)
-            p = self.pos  # int32 [1]
-            self.keys[:, :, p : p + 1, :] = key_states.to(self.keys.dtype)  # in place → Core ML state write
-            self.values[:, :, p : p + 1, :] = value_states.to(self.values.dtype)
+            p, n = self.pos, self.step.q_len  # int32 [1]; slots p .. p + n - 1
+            self.keys[:, :, p : p + n, :] = key_states.to(self.keys.dtype)  # in place → Core ML state write
+            self.values[:, :, p : p + n, :] = value_states.to(self.values.dtype)
             return self.keys.to(key_states.dtype), self.values.to(value_states.dtype)
 
         def get_mask_sizes(self, *args, **kwargs):

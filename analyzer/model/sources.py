@@ -14,16 +14,19 @@ import difflib
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from analyzer.errors import SourceError
+from analyzer.fsio import loads_strict, read_json
+from analyzer.model.families import check_family
 
 DEFAULT_PRESET = "exaone-4.0-1.2b"
 
-# Overrides that keep the attention geometry but make a full-depth build cheap (design.md, "structure"
+# Overrides that keep the attention geometry but make a full-depth build cheap (docs/measurements.md, "structure"
 # config: same tiles and tile bytes in ~50 s and ~1 GB instead of ~2.5 min and ~15 GB).
 STRUCTURE_OVERRIDES = ("hidden_size=256", "intermediate_size=512", "vocab_size=1000")
 
@@ -108,6 +111,12 @@ def preset_names() -> list[str]:
     return [p.name for p in list_presets()]
 
 
+# A Hugging Face config.json is a few KB (the presets' are < 2 KB); anything over this is not a config.
+MAX_CONFIG_BYTES = 1 << 20
+# Configs nest a few levels (rope_scaling, quantization_config, text_config); deeper is not a config.
+MAX_CONFIG_DEPTH = 32
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``KEY=VALUE``; VALUE is read as JSON when it parses (``8``, ``1e-6``, ``null``, ``[..]``), else text."""
     key, sep, value = text.partition("=")
@@ -115,7 +124,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise SourceError(f"--set {text!r}: expected KEY=VALUE, e.g. --set num_key_value_heads=4")
     try:
-        return key, json.loads(value)
+        return key, loads_strict(value, f"--set {key}", MAX_CONFIG_DEPTH, SourceError)
     except json.JSONDecodeError:
         return key, value
 
@@ -129,28 +138,31 @@ def _sha256_file(path: Path) -> str:
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise SourceError(f"{path}: cannot read config: {e}") from e
-    except json.JSONDecodeError as e:
-        raise SourceError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    raw = read_json(path, MAX_CONFIG_BYTES, SourceError, MAX_CONFIG_DEPTH)
     if not isinstance(raw, dict):
         raise SourceError(f"{path}: a config.json must hold a JSON object, not {type(raw).__name__}")
     return raw
 
 
-def config_class(model_type: Any):
-    from transformers import CONFIG_MAPPING
+# transformers' lazy modules are not safe to import from two threads at once: the dashboard serves each browser
+# session from its own thread, and two sessions resolving a source at the same moment got "ImportError: cannot
+# import name 'CONFIG_MAPPING' from 'transformers'". The first import (and each family's lazily imported config
+# module) happens under this lock.
+_TRANSFORMERS_IMPORT = threading.Lock()
 
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise SourceError(
-            f"model_type={model_type!r} is not an architecture this transformers version implements{hint}; "
-            "qfold never runs remote code"
-        )
-    return CONFIG_MAPPING[model_type]
+
+def config_class(model_type: Any):
+    with _TRANSFORMERS_IMPORT:
+        from transformers import CONFIG_MAPPING
+
+        if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+            close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise SourceError(
+                f"model_type={model_type!r} is not an architecture this transformers version implements{hint}; "
+                "qfold never runs remote code"
+            )
+        return CONFIG_MAPPING[model_type]
 
 
 def _fit_layer_types(raw: dict[str, Any]) -> None:
@@ -192,8 +204,10 @@ def _apply_overrides(raw: dict[str, Any], overrides: tuple[str, ...], origin: st
     return out
 
 
-def _safe_label(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "model"
+def safe_label(text: str) -> str:
+    """A build-folder-safe name: ASCII letters, digits, ``.``, ``_``, ``-``; never starting with ``.`` (the
+    builds folder keeps its own state in dot-folders) or ``-``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".-").rstrip("-")[:40] or "model"
 
 
 def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed: int = 0) -> ModelSource:
@@ -219,11 +233,11 @@ def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed
                     "qfold loads safetensors only (convert them with `safetensors` first)"
                 )
             weights = tuple(WeightFile(p.name, p.stat().st_size, _sha256_file(p)) for p in files)
-            kind, ref, label = "folder", str(path.resolve()), _safe_label(path.resolve().name)
+            kind, ref, label = "folder", str(path.resolve()), safe_label(path.resolve().name)
         elif path.is_file():
             raw = _read_config_file(path)
             kind, ref = "config", str(path.resolve())
-            label = _safe_label(path.resolve().parent.name if path.name == "config.json" else path.stem)
+            label = safe_label(path.resolve().parent.name if path.name == "config.json" else path.stem)
         else:
             raise SourceError(
                 f"--model {model!r}: not a preset ({', '.join(names)}), nor an existing config.json or model folder"
@@ -231,6 +245,9 @@ def resolve_source(model: str, overrides: tuple[str, ...] | list[str] = (), seed
     raw.pop(_PRIVATE_KEY, None)
     if "model_type" not in raw:
         raise SourceError(f"--model {model}: config has no 'model_type' field")
+    config_class(raw["model_type"])  # a transformers architecture at all (with a did-you-mean)
+    _refuse_mla(raw.get("kv_lora_rank"))
+    check_family(raw["model_type"])
     raw = _apply_overrides(raw, overrides, f"--model {model}")
     for field in _POSITIVE_FIELDS:
         value = raw.get(field)
@@ -269,13 +286,17 @@ def _positive_int(config, field: str) -> int:
     return value
 
 
-def geometry_of(config) -> AttentionGeometry:
-    """Read and check the attention geometry; the errors name the field and its value."""
-    if getattr(config, "kv_lora_rank", None):
+def _refuse_mla(kv_lora_rank: Any) -> None:
+    if kv_lora_rank:
         raise SourceError(
-            f"kv_lora_rank={config.kv_lora_rank}: multi-head latent attention (MLA) caches a latent, not "
+            f"kv_lora_rank={kv_lora_rank}: multi-head latent attention (MLA) caches a latent, not "
             "per-head K/V; qfold's variants do not apply"
         )
+
+
+def geometry_of(config) -> AttentionGeometry:
+    """Read and check the attention geometry; the errors name the field and its value."""
+    _refuse_mla(getattr(config, "kv_lora_rank", None))
     nq = _positive_int(config, "num_attention_heads")
     nkv = getattr(config, "num_key_value_heads", None)
     nkv = nq if nkv is None else nkv  # families without the field are multi-head attention

@@ -1,11 +1,13 @@
-"""Attention variants for a single-token decode step, one class per variant, kept in a registry.
+"""Attention variants for a decode step (q_len 1) and a prefill step (q_len N > 1), one class per variant,
+kept in a registry.
 
 Every variant computes the same function: softmax(q·Kᵀ·scale + mask)·V with query head ``h`` attending
 to KV head ``h // G`` (G = Hq / Hkv, "contiguous grouping", the mapping of transformers' ``repeat_kv``).
 They differ only in how the head sharing is written down, which is what decides whether Core ML's MIL
 graph copies the KV cache (``tile``) or not.
 
-Shapes in comments: B batch (1), Hq query heads, Hkv KV heads, G = Hq / Hkv, S cache slots (ctx), D head dim.
+Shapes in comments: B batch (1), Hq query heads, Hkv KV heads, G = Hq / Hkv, N query rows (q_len: 1 in a
+decode step), S cache slots (ctx), D head dim.
 """
 
 from __future__ import annotations
@@ -49,16 +51,45 @@ def _softmax_like_hf(scores: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.float(), dim=-1).to(like.dtype)
 
 
-class AttentionVariant:
-    """Decode-step attention core. Subclasses implement :meth:`attend`.
+def _weights_with_new(scores: torch.Tensor, self_score: torch.Tensor, mask: torch.Tensor | None,
+                      like: torch.Tensor) -> torch.Tensor:
+    """Softmax over the cache slots and the new tokens together (read-only cache): ``[.., R, S] ++ [.., R, N]``.
+    A mask as wide as the cache (a decode step) masks the cache only, the token always seeing itself; a mask
+    ``S + N`` wide (a prefill step) covers both, causal over the new tokens."""
+    import torch
 
-    ``attend`` gets the query ``[B, Hq, 1, D]``, the un-repeated cache ``[B, Hkv, S, D]`` and an additive
-    mask ``[1, 1, 1, S]`` (or None), and returns ``[B, Hq, 1, D]``. When the cache is a read-only input
-    (``--kv input``) the current token's own key/value ``[B, Hkv, 1, D]`` arrive separately as ``new_kv``
-    and take part in the same softmax.
+    if mask is not None and mask.shape[-1] == scores.shape[-1]:
+        return _softmax_like_hf(torch.cat([scores + mask, self_score], dim=-1), like)
+    joined = torch.cat([scores, self_score], dim=-1)
+    return _softmax_like_hf(joined if mask is None else joined + mask, like)
+
+
+def _times_new(w_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+    """The new tokens' share of the output: ``[.., R, N] · [.., N, D]``; one new token (decode) is an
+    elementwise product, as the decode graphs have always written it."""
+    import torch
+
+    return w_new * v_new if w_new.shape[-1] == 1 else torch.matmul(w_new, v_new)
+
+
+class AttentionVariant:
+    """Attention core of a decode or prefill step. Subclasses implement :meth:`attend`.
+
+    ``attend`` gets the query ``[B, Hq, N, D]``, the un-repeated cache ``[B, Hkv, S, D]`` and an additive
+    mask ``[1, 1, N, S]`` (or None), and returns ``[B, Hq, N, D]``. When the cache is a read-only input
+    (``--kv input``) the current tokens' own keys/values ``[B, Hkv, N, D]`` arrive separately as ``new_kv``
+    and take part in the same softmax: a decode step's token always sees itself (mask ``[1, 1, 1, S]``
+    covers the cache only); a prefill step's mask is ``[1, 1, N, S + N]``, causal over the new tokens.
+    :meth:`prepare_mask` gives the mask in the row layout ``attend`` uses, so a step can lay it out once
+    per call instead of once per layer.
     """
 
     name: ClassVar[str]
+
+    @classmethod
+    def prepare_mask(cls, mask: torch.Tensor, group: int) -> torch.Tensor:
+        """The host mask ``[1, 1, N, W]`` in this variant's row layout; most variants use it as it is."""
+        return mask
 
     @classmethod
     def attend(
@@ -106,17 +137,17 @@ class RepeatKV(AttentionVariant):
         g = query.shape[1] // key.shape[1]
         k = repeat_kv(key, g)  # [B, Hq, S, D]
         v = repeat_kv(value, g)  # [B, Hq, S, D]
-        scores = _softcap(torch.matmul(query, k.transpose(2, 3)) * scaling, softcap)  # [B, Hq, 1, S]
-        if mask is not None:
-            scores = scores + mask
+        scores = _softcap(torch.matmul(query, k.transpose(2, 3)) * scaling, softcap)  # [B, Hq, N, S]
         if new_kv is None:
-            return torch.matmul(_softmax_like_hf(scores, query), v)  # [B, Hq, 1, D]
-        k_new = repeat_kv(new_kv[0], g)  # [B, Hq, 1, D]
+            if mask is not None:
+                scores = scores + mask
+            return torch.matmul(_softmax_like_hf(scores, query), v)  # [B, Hq, N, D]
+        k_new = repeat_kv(new_kv[0], g)  # [B, Hq, N, D]
         v_new = repeat_kv(new_kv[1], g)
-        self_score = _softcap(torch.matmul(query, k_new.transpose(2, 3)) * scaling, softcap)  # [B, Hq, 1, 1]
-        w = _softmax_like_hf(torch.cat([scores, self_score], dim=-1), query)  # [B, Hq, 1, S+1]
+        self_score = _softcap(torch.matmul(query, k_new.transpose(2, 3)) * scaling, softcap)  # [B, Hq, N, N]
+        w = _weights_with_new(scores, self_score, mask, query)  # [B, Hq, N, S+N]
         s = key.shape[2]
-        return torch.matmul(w[..., :s], v) + w[..., s:] * v_new  # [B, Hq, 1, D]
+        return torch.matmul(w[..., :s], v) + _times_new(w[..., s:], v_new)  # [B, Hq, N, D]
 
 
 @register_variant
@@ -126,27 +157,55 @@ class QFold(AttentionVariant):
     Equivalent to :class:`RepeatKV` (and so to transformers' eager attention) because a row-major
     reshape of Hq into ``[Hkv, G]`` maps query head ``h`` to ``(h // G, h % G)``, exactly the KV head
     ``repeat_kv`` pairs it with; the matmul, the scale, the mask add and the softmax over S are all
-    independent per query row, so regrouping rows changes no row's arithmetic. Decode only (q_len 1):
-    the G axis takes the place of the query-length axis.
+    independent per query row, so regrouping rows changes no row's arithmetic.
+
+    Decode (q_len 1): the G axis takes the place of the query-length axis::
+
+        q [B, Hq, 1, D] → [B, Hkv, G, D];  mask [1, 1, 1, S] broadcasts over (Hkv, G)
+
+    Prefill (q_len N > 1): the group and sequence axes merge into one row axis, so every tensor stays at
+    rank 4 (rank-5 broadcasting is what Core ML backends handle badly). Head ``h = kv·G + g`` at position
+    ``n`` becomes row ``g·N + n`` of KV head ``kv`` — a plain reshape, since ``[Hq, N]`` is already laid out
+    as ``[Hkv, G, N]``::
+
+        q      [B, Hq, N, D] → [B, Hkv, G·N, D]            (reshape: no element moves)
+        scores [B, Hkv, G·N, S] = q · Kᵀ                    (K read at its stored width Hkv)
+        mask   [1, 1, N, S]   → [1, 1, G·N, S]              (row g·N + n takes mask row n: the mask is
+                                                             repeated G times, once per call; K/V never are)
+        out    [B, Hkv, G·N, D] → [B, Hq, N, D]             (reshape back)
+
+    With a read-only cache the new tokens' keys/values ``[B, Hkv, N, D]`` are read the same way, and the
+    mask ``[1, 1, N, S + N]`` (cache slots, then the new tokens, causal) is aligned to the rows alike.
     """
 
     name = "qfold"
 
     @classmethod
+    def prepare_mask(cls, mask, group):
+        """``[1, 1, N, W] → [1, 1, G·N, W]`` (mask row ``n`` for merged row ``g·N + n``); a one-row mask (decode)
+        broadcasts over the G rows and is returned as it is."""
+        if mask.shape[2] == 1 or group == 1:
+            return mask
+        return mask.repeat(1, 1, group, 1)  # [1, 1, G·N, W]
+
+    @classmethod
     def attend(cls, query, key, value, mask, scaling, softcap=None, new_kv=None):
         import torch
 
-        b, hq, _, d = query.shape
+        b, hq, n, d = query.shape
         hkv = key.shape[1]
-        q = query.reshape(b, hkv, hq // hkv, d)  # [B, Hkv, G, D]: free, no element moves
-        scores = _softcap(torch.matmul(q, key.transpose(2, 3)) * scaling, softcap)  # [B, Hkv, G, S]
-        if mask is not None:
-            scores = scores + mask  # [1, 1, 1, S] broadcasts over (Hkv, G)
+        g = hq // hkv
+        q = query.reshape(b, hkv, g * n, d)  # [B, Hkv, G·N, D]: free, no element moves
+        scores = _softcap(torch.matmul(q, key.transpose(2, 3)) * scaling, softcap)  # [B, Hkv, G·N, S]
+        if mask is not None and n > 1 and mask.shape[2] == n:
+            mask = cls.prepare_mask(mask, g)  # a step that did not lay the mask out itself
         if new_kv is None:
-            out = torch.matmul(_softmax_like_hf(scores, query), value)  # [B, Hkv, G, D]
+            if mask is not None:
+                scores = scores + mask  # [1, 1, G·N or 1, S] broadcasts over Hkv
+            out = torch.matmul(_softmax_like_hf(scores, query), value)  # [B, Hkv, G·N, D]
         else:
-            self_score = _softcap(torch.matmul(q, new_kv[0].transpose(2, 3)) * scaling, softcap)  # [B,Hkv,G,1]
-            w = _softmax_like_hf(torch.cat([scores, self_score], dim=-1), query)  # [B, Hkv, G, S+1]
+            self_score = _softcap(torch.matmul(q, new_kv[0].transpose(2, 3)) * scaling, softcap)  # [B,Hkv,G·N,N]
+            w = _weights_with_new(scores, self_score, mask, query)  # [B, Hkv, G·N, S+N]
             s = key.shape[2]
-            out = torch.matmul(w[..., :s], value) + w[..., s:] * new_kv[1]  # [B, Hkv, G, D]
-        return out.reshape(b, hq, 1, d)  # [B, Hq, 1, D]
+            out = torch.matmul(w[..., :s], value) + _times_new(w[..., s:], new_kv[1])  # [B, Hkv, G·N, D]
+        return out.reshape(b, hq, n, d)  # [B, Hq, N, D]

@@ -8,21 +8,31 @@ can pick is a cached build (``analyzer.build.builds.list_builds``) or a ``.mlpac
 walked on request.
 
 An :class:`AnalysisRef` names one of them with a stable id (``shipped:<file stem>``, ``build:<key>``,
-``package:<path>``) that the UI keeps in session state and maps device-log labels to.
+``package:<path>``, ``package:<path>#<function>`` for one function of a multi-function package) that the UI
+keeps in session state and maps device-log labels to.
+
+``make shipped`` (``bench/full_size.py --ship``) regenerates the shipped files under the names
+:func:`shipped_name` gives them.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from analyzer.build.builds import PACKAGE_NAME, builds_dir, list_builds
+from analyzer.build.builds import PACKAGE_NAME, build_folder, builds_dir, list_builds
+from analyzer.device.logs import BuildDeviceSummary
 from analyzer.errors import QfoldError
-from analyzer.graph.record import load_analysis
-from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES
+from analyzer.graph.buildinfo import StoredSpec
+from analyzer.graph.mil import list_functions
+from analyzer.graph.record import Analysis, read_analysis_file
+from analyzer.model.prefill import MULTIFUNCTION_PHASE, PHASES, phases_of
+from analyzer.model.sources import DEFAULT_PRESET
 from analyzer.model.variants import KV_MODES
+from analyzer.report.compare import compression_name, size_mode
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "shipped"
 SHIPPED_SUFFIX = ".analysis.json"
@@ -44,6 +54,33 @@ class ShippedAnalysis:
     ctx: int
     path: Path
     compression: str | None = None  # a compression preset name (analyzer.build.compress.PRESETS), None = fp16
+    phase: str = "decode"  # "prefill": a prefill build of q_len prompt tokens per call
+    q_len: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RefFacts:
+    """What tells two pickable analyses apart, as people name them (pickers and log-label matching use these)."""
+
+    model: str  # the source label: a preset name, a config's or folder's name
+    variant: str
+    ctx: int
+    kv_mode: str
+    compression: str  # "fp16", a preset name ("top8") or a canonical spec
+    size: str  # "full size", "structure", "2 layers, structure", ...
+    model_type: str | None = None
+    phase: str = "decode"  # "prefill", "decode+prefill", or one function of it: "decode+prefill: prefill"
+    q_len: int = 1  # prompt tokens per prefill call
+    build_mode: str = "materialised"  # "analysis": value-free weights, no package (analyzer.build.builds)
+
+    def label(self) -> str:
+        """``exaone-4.0-1.2b · qfold · ctx 4096 · top8 · full size · KV state``: what distinguishes, first (a
+        prefill one says ``prefill 64`` after the ctx; an analysis-mode build ends with ``analysis mode``)."""
+        phase = () if self.phase == "decode" else (self.phase.replace(":", f" {self.q_len}:", 1) if ":" in self.phase
+                                                   else f"{self.phase} {self.q_len}",)
+        mode = ("analysis mode",) if self.build_mode == "analysis" else ()
+        return " · ".join((self.model, self.variant, f"ctx {self.ctx}", *phase, self.compression, self.size,
+                           f"KV {self.kv_mode}", *mode))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +88,8 @@ class AnalysisRef:
     """Something the dashboard can open as an analysis document.
 
     ``path`` is the ``analysis.json`` (shipped), the build folder (build) or the ``.mlpackage`` (package);
-    ``package_path`` is the build's ``.mlpackage`` when one exists on this server.
+    ``package_path`` is the build's ``.mlpackage`` when one exists on this server; ``facts`` are None for a
+    package made elsewhere (it records no spec).
     """
 
     id: str
@@ -61,26 +99,38 @@ class AnalysisRef:
     variant: str | None
     package_path: Path | None = None
     created: str = ""
-    spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression)
+    spec: tuple[tuple[str, Any], ...] = ()  # a few comparable spec fields (source label, kv, ctx, compression, phase)
+    function: str | None = None  # one function of a multi-function package; None: the only (or default) one
+    facts: RefFacts | None = None
+    phase: str = "decode"  # what one call of the function does: "decode" | "prefill"
 
 
-def _variant_names() -> tuple[str, ...]:
+def variant_names() -> tuple[str, ...]:
     from analyzer.model.variants import VARIANTS
 
     return tuple(sorted(VARIANTS, key=len, reverse=True))  # longest first: no name is a prefix of another's match
 
 
 def _name_pattern() -> re.Pattern[str]:
-    variants = "|".join(re.escape(v) for v in _variant_names())
+    variants = "|".join(re.escape(v) for v in variant_names())
     kv = "|".join(re.escape(k) for k in KV_MODES)
     return re.compile(rf"^(?P<preset>.+)-(?P<variant>{variants})-(?P<kv>{kv})-ctx(?P<ctx>\d+)"
-                      rf"(?:-(?P<compression>{_compression_names()}))?$")
+                      rf"(?:-prefill(?P<q_len>\d+))?(?:-(?P<compression>{_compression_names()}))?$")
 
 
 def _compression_names() -> str:
     from analyzer.build.compress import PRESETS
 
     return "|".join(re.escape(n) for n in PRESETS)
+
+
+def shipped_name(preset: str, variant: str, kv_mode: str, ctx: int, compression: str | None = None,
+                 q_len: int | None = None) -> str:
+    """``exaone-4.0-1.2b-qfold-state-ctx4096-top8.analysis.json`` (a decode build) or
+    ``exaone-4.0-1.2b-qfold-state-ctx4096-prefill64.analysis.json`` (a prefill build of 64 prompt tokens per
+    call): what a shipped file is, in its name."""
+    return (f"{preset}-{variant}-{kv_mode}-ctx{ctx}" + (f"-prefill{q_len}" if q_len else "")
+            + (f"-{compression}" if compression else "") + SHIPPED_SUFFIX)
 
 
 def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
@@ -90,7 +140,9 @@ def shipped_files(folder: Path = SHIPPED_DIR) -> list[ShippedAnalysis]:
     for path in sorted(folder.glob(f"*{SHIPPED_SUFFIX}")) if folder.is_dir() else []:
         m = pattern.match(path.name.removesuffix(SHIPPED_SUFFIX))
         if m:
-            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path, m["compression"]))
+            q_len = int(m["q_len"]) if m["q_len"] else None
+            out.append(ShippedAnalysis(m["preset"], m["variant"], m["kv"], int(m["ctx"]), path, m["compression"],
+                                       "prefill" if q_len else "decode", q_len or 1))
     return out
 
 
@@ -99,146 +151,224 @@ def shipped_analyses(folder: Path = SHIPPED_DIR) -> dict[str, Path]:
     return {
         s.variant: s.path for s in shipped_files(folder)
         if s.preset == DEFAULT_PRESET and s.kv_mode == DEFAULT_KV_MODE and s.ctx == DEFAULT_CTX
-        and s.compression is None
+        and s.compression is None and s.phase == "decode"
     }
 
 
-def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> dict[str, Any]:
-    """The shipped default analysis document of ``variant``."""
+def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> Analysis:
+    """The shipped default analysis of ``variant``."""
     paths = shipped_analyses(folder)
     if variant not in paths:
         have = ", ".join(sorted(paths)) or "none"
         raise QfoldError(f"no shipped analysis for variant {variant!r} in {folder} (shipped: {have})")
-    return load_analysis(paths[variant])
+    return read_analysis_file(paths[variant])
 
 
 # ------------------------------------------------------------------------------------------------- catalog
-def describe_spec(spec: dict[str, Any]) -> str:
-    """``exaone-4.0-1.2b · repeat_kv · KV state · ctx 4096 · 2 layers, structure`` from a build spec."""
-    source = spec.get("source", {})
-    overrides = list(source.get("overrides", []))
-    parts = [source.get("label", "?"), spec.get("variant", "?"), f"KV {spec.get('kv_mode', '?')}",
-             f"ctx {spec.get('ctx', '?')}"]
-    size = []
-    layers = next((o.split("=", 1)[1] for o in overrides if o.startswith("num_hidden_layers=")), None)
-    if layers is not None:
-        size.append(f"{layers} layers")
-    structure = all(o in overrides for o in STRUCTURE_OVERRIDES)
-    size.append("structure" if structure else "full size" if not overrides else "overrides")
-    parts.append(", ".join(size))
-    if spec.get("compression"):
-        parts.append(f"compressed {spec['compression']}")
-    return " · ".join(parts)
+def spec_facts(spec: StoredSpec, function: str | None = None) -> RefFacts:
+    """The facts of a build spec; for one ``function`` of a decode+prefill build, the phase that function does."""
+    phase = spec.phase_of(function) if function else spec.phase
+    return RefFacts(model=spec.source.label, variant=spec.variant, ctx=spec.ctx, kv_mode=spec.kv_mode,
+                    compression=compression_name(spec), size=size_mode(spec.source.overrides),
+                    model_type=spec.source.config_dict.get("model_type"),
+                    phase=phase if phase == spec.phase else f"{spec.phase}: {phase}", q_len=spec.q_len,
+                    build_mode=spec.build_mode)
 
 
-def _spec_fields(spec: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    source = spec.get("source", {})
+def describe_spec(spec: StoredSpec, function: str | None = None) -> str:
+    """``exaone-4.0-1.2b · repeat_kv · ctx 4096 · fp16 · 2 layers, structure · KV state`` from a build spec (with
+    ``prefill 64`` or ``decode+prefill 64: decode`` after the ctx when the build is not a decode build)."""
+    return spec_facts(spec, function).label()
+
+
+def _spec_fields(spec: StoredSpec, function: str) -> tuple[tuple[str, Any], ...]:
+    """What two analyses must share to be an A/B of one model: everything but the variant (the phase is that of
+    the function: a decode+prefill build's decode function pairs with a decode build)."""
     return (
-        ("source", source.get("label")),
-        ("overrides", tuple(source.get("overrides", ()))),
-        ("config", repr(source.get("fingerprint", {}).get("config"))),
-        ("kv_mode", spec.get("kv_mode")),
-        ("ctx", spec.get("ctx")),
-        ("compression", spec.get("compression")),
+        ("source", spec.source.label),
+        ("overrides", tuple(spec.source.overrides)),
+        ("config", spec.source.config_json),
+        ("kv_mode", spec.kv_mode),
+        ("ctx", spec.ctx),
+        ("compression", spec.compression),
+        ("phase", spec.phase_of(function)),
+        ("q_len", spec.q_len_of(function)),
     )
+
+
+def _preset_model_type(preset: str) -> str | None:
+    from analyzer.model.sources import list_presets
+
+    return next((p.model_type for p in list_presets() if p.name == preset), None)
 
 
 def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
     out = []
     for s in shipped_files(folder):
+        facts = RefFacts(model=s.preset, variant=s.variant, ctx=s.ctx, kv_mode=s.kv_mode,
+                         compression=s.compression or "fp16", size="full size",
+                         model_type=_preset_model_type(s.preset), phase=s.phase, q_len=s.q_len)
         out.append(AnalysisRef(
             id=f"shipped:{s.path.name.removesuffix(SHIPPED_SUFFIX)}",
             kind="shipped",
-            label=f"shipped · {s.preset} · {s.variant} · KV {s.kv_mode} · ctx {s.ctx} · full size"
-                  + (f" · compressed {s.compression}" if s.compression else ""),
+            label=f"{facts.label()} · shipped",
             path=s.path,
             variant=s.variant,
             spec=(("source", s.preset), ("overrides", ()), ("kv_mode", s.kv_mode), ("ctx", s.ctx),
-                  ("compression", s.compression)),
+                  ("compression", s.compression), ("phase", s.phase), ("q_len", s.q_len)),
+            facts=facts,
+            phase=s.phase,
         ))
     return out
 
 
 def build_refs(root: str | Path | None = None) -> list[AnalysisRef]:
+    """One ref per cached build, or per function of a multi-function (``decode+prefill``) build: a package with
+    several functions never shows as one."""
     out = []
-    for b in list_builds(root):
-        spec = b.get("spec", {})
-        path = Path(b["path"])
+    for a in list_builds(root):
+        if a.build is None:
+            continue
+        path = build_folder(a)
         package = path / PACKAGE_NAME
-        out.append(AnalysisRef(
-            id=f"build:{b['key']}",
-            kind="build",
-            label=f"build · {describe_spec(spec)} · {b['key'].rsplit('-', 1)[-1]}",
-            path=path,
-            variant=spec.get("variant"),
-            package_path=package if package.is_dir() else None,
-            created=b.get("created", ""),
-            spec=_spec_fields(spec),
-        ))
+        spec = a.build.spec
+        functions = phases_of(spec.phase) if spec.phase == MULTIFUNCTION_PHASE else (a.function,)
+        for fn in functions:
+            several = len(functions) > 1
+            facts = spec_facts(spec, fn)
+            out.append(AnalysisRef(
+                id=f"build:{a.build.key}" + (f"#{fn}" if several else ""),
+                kind="build",
+                label=f"{facts.label()} · build {a.build.key.rsplit('-', 1)[-1]}",
+                path=path,
+                variant=spec.variant,
+                package_path=package if package.is_dir() else None,
+                created=a.build.created,
+                spec=_spec_fields(spec, fn),
+                facts=facts,
+                function=fn if several else None,
+                phase=spec.phase_of(fn),
+            ))
     return out
 
 
-def package_ref(path: str | Path) -> AnalysisRef:
-    """A ``.mlpackage`` someone else built, analysed from its protobuf (no spec, no equivalence)."""
+def phase_sibling(ref: AnalysisRef, phase: str, refs: Sequence[AnalysisRef]) -> AnalysisRef | None:
+    """The analysis of the same model and variant that does ``phase`` instead: the other function of a
+    multi-function build, else the newest build of the same spec in that phase (any q_len); ``ref`` itself when
+    it is that phase already."""
+    if ref.phase == phase:
+        return ref
+    if ref.function is not None:
+        same_build = next((r for r in refs if r.path == ref.path and r.phase == phase), None)
+        if same_build is not None:
+            return same_build
+    want = {k: v for k, v in ref.spec if k not in ("phase", "q_len")}
+    for r in refs:  # builds are listed newest first
+        if r.kind == ref.kind and r.variant == ref.variant and r.phase == phase and \
+                {k: v for k, v in r.spec if k not in ("phase", "q_len")} == want:
+            return r
+    return None
+
+
+def package_refs(path: str | Path) -> list[AnalysisRef]:
+    """A ``.mlpackage`` someone else built, analysed from its protobuf (no spec, no equivalence): one ref, or
+    one per function of a multi-function package."""
     p = Path(path).expanduser().resolve()
-    return AnalysisRef(id=f"package:{p}", kind="package", label=f"package · {p.name} · {p.parent}", path=p,
-                       variant=None, package_path=p)
+    functions = list_functions(p)
+    if len(functions) == 1:
+        return [AnalysisRef(id=f"package:{p}", kind="package", label=f"{p.name} · package · {p.parent}", path=p,
+                            variant=None, package_path=p)]
+    return [AnalysisRef(id=f"package:{p}#{fn}", kind="package",
+                        label=f"{p.name} · function {fn} · package · {p.parent}", path=p, variant=None,
+                        package_path=p, function=fn, phase=fn if fn in PHASES else "decode") for fn in functions]
 
 
 def catalog(root: str | Path | None = None, packages: tuple[str, ...] = (),
             folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
     """Shipped analyses first, then cached builds (newest first), then analysed packages."""
-    return [*shipped_refs(folder), *build_refs(root), *(package_ref(p) for p in packages)]
+    return [*shipped_refs(folder), *build_refs(root), *(r for p in packages for r in package_refs(p))]
 
 
-def default_pair(refs: list[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
-    """The A/B the dashboard opens on: the shipped default repeat_kv vs qfold, else the newest cached
-    repeat_kv build and a qfold build of the same source, KV mode, ctx and compression."""
-    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX))
-    shipped = {r.variant: r for r in refs if r.kind == "shipped" and set(default) <= set(r.spec)}
-    if BASELINE_VARIANT in shipped and CANDIDATE_VARIANT in shipped:
-        return shipped[BASELINE_VARIANT], shipped[CANDIDATE_VARIANT]
-    builds = [r for r in refs if r.kind == "build"]
-    for base in (r for r in builds if r.variant == BASELINE_VARIANT):
-        match = next((r for r in builds if r.variant == CANDIDATE_VARIANT and r.spec == base.spec), None)
-        if match is not None:
-            return base, match
+@dataclass(frozen=True, slots=True)
+class MeasuredPair:
+    """An A/B the device logs measured: two analyses whose log labels were run on one device."""
+
+    a: AnalysisRef
+    b: AnalysisRef
+    device: str
+    build_a: str  # the logs' build labels
+    build_b: str
+    tok_per_s_a: float  # mean of the runs
+    tok_per_s_b: float
+    runs_a: int
+    runs_b: int
+
+    @property
+    def speedup(self) -> float:
+        return self.tok_per_s_b / self.tok_per_s_a
+
+
+def measured_for(a: AnalysisRef, b: AnalysisRef, mapping: dict[str, str | None],
+                 summaries: Sequence[BuildDeviceSummary]) -> MeasuredPair | None:
+    """The measurements of A and B on the first device (in log order) that ran both, or None."""
+    per_device: dict[str, dict[str, BuildDeviceSummary]] = {}
+    for s in summaries:
+        ref_id = mapping.get(s.build)
+        if ref_id in (a.id, b.id):
+            per_device.setdefault(s.device, {}).setdefault(ref_id, s)  # type: ignore[arg-type]
+    for device, runs in per_device.items():
+        if a.id in runs and b.id in runs and a.id != b.id:
+            sa, sb = runs[a.id], runs[b.id]
+            return MeasuredPair(a, b, device, sa.build, sb.build, sa.mean_tok_per_s, sb.mean_tok_per_s, sa.n, sb.n)
     return None
 
 
-def _label_variant_pattern() -> re.Pattern[str]:
-    """A variant named as a dash-separated word of a device-log build label (the write-up's example log:
-    ``exaone-repeat_kv-top8``, ``exaone-qfold-top8``; examples/README.md)."""
-    variants = "|".join(re.escape(v) for v in _variant_names())
-    return re.compile(rf"(?:^|[-.\s/])(?P<variant>{variants})(?=$|[-.\s/])")
-
-
-def default_log_mapping(labels: list[str], refs: list[AnalysisRef],
-                        pair: tuple[AnalysisRef, AnalysisRef] | None) -> dict[str, str | None]:
-    """Device-log build label → analysis id: a label that is a build key maps to that build; a label that
-    names one variant and a compression preset (``exaone-qfold-top8``) maps to the shipped analysis of
-    both when there is one; a label that names one variant maps to that side of the default A/B pair;
-    anything else stays unmapped (None)."""
-    by_key = {r.id.removeprefix("build:"): r.id for r in refs if r.kind == "build"}
-    by_variant = {r.variant: r.id for r in pair} if pair else {}
-    shipped = {(r.variant, dict(r.spec).get("compression")): r.id for r in refs if r.kind == "shipped"
-               and dict(r.spec).get("source") == DEFAULT_PRESET}
-    pattern = _label_variant_pattern()
-    compression = re.compile(rf"(?:^|[-.\s/])(?P<c>{_compression_names()})(?=$|[-.\s/])")
-    out: dict[str, str | None] = {}
-    for label in labels:
-        if label in by_key:
-            out[label] = by_key[label]
-            continue
-        names = {m["variant"] for m in pattern.finditer(label)}
-        if len(names) != 1:
-            out[label] = None
-            continue
-        variant = names.pop()
-        levels = {m["c"] for m in compression.finditer(label)}
-        level = levels.pop() if len(levels) == 1 else None
-        out[label] = shipped.get((variant, level)) or by_variant.get(variant)
+def measured_pairs(refs: Sequence[AnalysisRef], mapping: dict[str, str | None],
+                   summaries: Sequence[BuildDeviceSummary]) -> list[MeasuredPair]:
+    """Every baseline/candidate A/B the logs measured: a repeat_kv and a qfold analysis of one spec (source,
+    KV mode, ctx, compression) whose labels were run on one device. The write-up's log gives the top8 pair
+    (``exaone-repeat_kv-top8`` 20.39 → ``exaone-qfold-top8`` 54.30 tok/s on its A/B iPhone)."""
+    by_id = {r.id: r for r in refs}
+    mapped = [by_id[i] for i in dict.fromkeys(mapping.values()) if i in by_id]
+    out = []
+    for a in (r for r in mapped if r.variant == BASELINE_VARIANT):
+        for b in (r for r in mapped if r.variant == CANDIDATE_VARIANT and r.spec == a.spec):
+            pair = measured_for(a, b, mapping, summaries)
+            if pair is not None:
+                out.append(pair)
     return out
+
+
+def matching_pair(ref: AnalysisRef, refs: Sequence[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
+    """``ref`` and its counterpart (the other variant of the same spec: source, overrides, KV mode, ctx,
+    compression) as (baseline, candidate), or None when ``ref`` is neither variant or has no counterpart."""
+    others = {BASELINE_VARIANT: CANDIDATE_VARIANT, CANDIDATE_VARIANT: BASELINE_VARIANT}
+    if ref.variant not in others or not ref.spec:
+        return None
+    twin = next((r for r in refs if r.variant == others[ref.variant] and r.kind == ref.kind and r.spec == ref.spec),
+                None)
+    if twin is None:
+        return None
+    return (ref, twin) if ref.variant == BASELINE_VARIANT else (twin, ref)
+
+
+def default_pair(refs: list[AnalysisRef],
+                 measured: Sequence[MeasuredPair] = ()) -> tuple[AnalysisRef, AnalysisRef] | None:
+    """The A/B the dashboard opens on: the first pair the device logs measured, when there is one; else the
+    shipped default repeat_kv vs qfold (fp16); else the newest cached repeat_kv build and a qfold build of
+    the same source, KV mode, ctx and compression."""
+    if measured:
+        return measured[0].a, measured[0].b
+    default = (("source", DEFAULT_PRESET), ("kv_mode", DEFAULT_KV_MODE), ("ctx", DEFAULT_CTX), ("compression", None),
+               ("phase", "decode"))
+    shipped = {r.variant: r for r in refs if r.kind == "shipped" and set(default) <= set(r.spec)}
+    if BASELINE_VARIANT in shipped and CANDIDATE_VARIANT in shipped:
+        return shipped[BASELINE_VARIANT], shipped[CANDIDATE_VARIANT]
+    for base in (r for r in refs if r.kind == "build" and r.variant == BASELINE_VARIANT):
+        pair = matching_pair(base, refs)
+        if pair is not None:
+            return pair
+    return None
 
 
 def builds_root() -> Path:

@@ -7,7 +7,6 @@ drawn is what is tabled. MiB (2^20 bytes) and MB (10^6 bytes) appear only on axe
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,9 +15,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT
-from analyzer.fmt import MB, MIB
+from analyzer import fmt
+from analyzer.fmt import MIB
 from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.diff import ABDiff
+from analyzer.graph.record import Analysis
 
 COLOR_A = "#4C78A8"
 COLOR_B = "#F58518"
@@ -35,7 +36,8 @@ OUTSIDE_LAYERS = "outside"  # ops outside any decoder layer: embedding, RoPE tab
 LayerFilter = int | Literal["all", "outside"]
 
 
-def _layout(fig: go.Figure, title: str, **kwargs: Any) -> go.Figure:
+def style(fig: go.Figure, title: str, **kwargs: Any) -> go.Figure:
+    """The house layout of every chart: title left, legend on top, white template."""
     fig.update_layout(title={"text": title, "x": 0.0, "xanchor": "left"}, margin={"l": 60, "r": 20, "t": 60, "b": 50},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
                       template="plotly_white", **kwargs)
@@ -47,39 +49,81 @@ def layer_name(layer: int | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- categories
-def category_frame(diff: dict[str, Any]) -> pd.DataFrame:
-    """Bytes per decode token by category, A and B (from ``diff.diff_documents``).
+def category_frame(diff: ABDiff) -> pd.DataFrame:
+    """Bytes per decode token by category, A and B (from ``graph.diff.diff_analyses``).
 
     Rows: the five categories, ``total`` (their sum) and ``kv_write_value_semantics`` (what a whole-tensor
     ``slice_update`` would write; shown beside the totals, not in them: ``in_total`` says which).
     """
-    b = diff["bytes_per_token"]
-    rows = []
-    for key in (*CATEGORIES, "total", "kv_write_value_semantics"):
-        rows.append({"category": key, "a_bytes": int(b[key]["a"]), "b_bytes": int(b[key]["b"]),
-                     "delta_bytes": int(b[key]["delta"]), "in_total": key in CATEGORIES})
+    rows = [{"category": key, "a_bytes": c.a, "b_bytes": c.b, "delta_bytes": c.delta, "in_total": key in CATEGORIES}
+            for key, c in diff.bytes_per_token.items()]
     return pd.DataFrame(rows)
 
 
+WATERFALL_HEIGHT_PX = 460  # the report's default chart height; the A/B page draws it at the same height
+LABEL_WRAP_CHARS = 24  # a label line on the waterfall's category axis
+LABEL_MAX_LINES = 3
+LABEL_CHAR_PX = 7.2  # plotly's default 12 px font averages ~0.6 em per character (Open Sans)
+TITLE_WRAP_CHARS = 70
+TITLE_LINE_PX = 22  # a 17 px title line with its leading
+
+
+def wrap_label(text: str, width: int = LABEL_WRAP_CHARS, max_lines: int = LABEL_MAX_LINES) -> str:
+    """``text`` broken into plotly lines (``<br>``) of at most ``width`` characters, at most ``max_lines`` of them
+    (the last one ending in ``…`` when text was cut): a long build label never squeezes the plot."""
+    import textwrap
+
+    lines = textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+    if len(lines) > max_lines:
+        lines = [*lines[:max_lines - 1], lines[max_lines - 1][:width - 1] + "…"]
+    return "<br>".join(lines)
+
+
+def label_lines(text: str) -> list[str]:
+    return text.split("<br>")
+
+
+def flops_frame(diff: ABDiff) -> pd.DataFrame:
+    """FLOPs per token by category, A and B (per prompt token for a prefill function; conventions in
+    ``analyzer.graph.flops``), with the per-call figures beside them."""
+    calls = diff.flops_per_call
+    return pd.DataFrame([{"category": key, "a_flops": c.a, "b_flops": c.b, "delta_flops": c.delta,
+                          "a_flops_per_call": calls[key].a, "b_flops_per_call": calls[key].b}
+                         for key, c in diff.flops_per_token.items()])
+
+
 def waterfall_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str = "B") -> go.Figure:
-    """A's total, each category's change, B's total, in MiB per token."""
+    """A's total, each category's change, B's total, per decode token: horizontal bars, so category and build
+    labels of any length sit in a left margin sized to them (wrapped at ``LABEL_WRAP_CHARS``) instead of
+    squeezing the plot; the unit (KiB/MiB/GiB) is the one the larger total reads best in."""
     cats = frame[frame["in_total"]]
     total = frame.set_index("category").loc["total"]
-    x = [f"{label_a} total", *cats["category"], f"{label_b} total"]
+    names = [wrap_label(f"{label_a} total"), *(wrap_label(str(c)) for c in cats["category"]),
+             wrap_label(f"{label_b} total")]
     y_bytes = [int(total["a_bytes"]), *(int(v) for v in cats["delta_bytes"]), int(total["b_bytes"])]
-    y = [v / MIB for v in y_bytes]
-    text = [f"{v / MIB:,.1f}" if i in (0, len(y) - 1) else f"{v / MIB:+,.1f}" if v else ""
-            for i, v in enumerate(y_bytes)]
+    unit = fmt.pick_unit(max(abs(y_bytes[0]), abs(y_bytes[-1])))
+    scale = fmt.UNITS[unit]
+    x = [v / scale for v in y_bytes]
+    text = [fmt.size(v, unit, None, suffix=False) if i in (0, len(x) - 1) else
+            fmt.size(v, unit, None, sign=True, suffix=False) if v else "" for i, v in enumerate(y_bytes)]
     fig = go.Figure(go.Waterfall(
-        x=x, y=y, measure=["absolute", *["relative"] * len(cats), "total"], text=text, textposition="outside",
-        customdata=y_bytes, hovertemplate="%{x}: %{customdata:,} B<extra></extra>",
+        orientation="h", y=names, x=x, measure=["absolute", *["relative"] * len(cats), "total"], text=text,
+        textposition="outside", cliponaxis=False, customdata=y_bytes,
+        hovertemplate="%{y}: %{customdata:,} B<extra></extra>",
         increasing={"marker": {"color": CATEGORY_COLORS["replication"]}},
         decreasing={"marker": {"color": CATEGORY_COLORS["kv_write"]}},
         totals={"marker": {"color": COLOR_A}}, connector={"line": {"color": "#999", "dash": "dot"}},
     ))
-    top = max(max(y), 1e-9)
-    return _layout(fig, f"Bytes per decode token: {label_a} → {label_b} (MiB)", yaxis_title="MiB per token",
-                   yaxis_range=[0, top * 1.15], showlegend=False)
+    longest = max(len(line) for name in names for line in label_lines(name))
+    pair = f"{label_a} → {label_b}" if len(label_a) + len(label_b) <= TITLE_WRAP_CHARS // 2 else "A → B"
+    title = wrap_label(f"Bytes per decode token: {pair} ({unit})", TITLE_WRAP_CHARS, 2)
+    top = 30 + TITLE_LINE_PX * len(label_lines(title))
+    right = max(x[0], x[-1], 1e-9)
+    fig = style(fig, title, xaxis_title=f"{unit} per token", xaxis_range=[0, right * 1.18], showlegend=False,
+                height=WATERFALL_HEIGHT_PX)
+    fig.update_layout(margin={"l": round(longest * LABEL_CHAR_PX) + 20, "r": 30, "t": top, "b": 50})
+    fig.update_yaxes(autorange="reversed", automargin=False)
+    return fig
 
 
 def category_bars_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str = "B") -> go.Figure:
@@ -89,14 +133,15 @@ def category_bars_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str =
     for col, label, color in (("a_bytes", label_a, COLOR_A), ("b_bytes", label_b, COLOR_B)):
         fig.add_bar(x=cats["category"], y=cats[col] / MIB, name=label, marker_color=color,
                     customdata=cats[col], hovertemplate="%{x}: %{customdata:,} B<extra>" + label + "</extra>")
-    return _layout(fig, "Bytes per decode token by category (MiB)", barmode="group", yaxis_title="MiB per token")
+    return style(fig, "Bytes per decode token by category (MiB)", barmode="group", yaxis_title="MiB per token")
 
 
 # ------------------------------------------------------------------------------------------------- op counts
-def op_count_frame(diff: dict[str, Any], changed_only: bool = False) -> pd.DataFrame:
+def op_count_frame(diff: ABDiff, changed_only: bool = False) -> pd.DataFrame:
     """Op type, count in A, count in B, B − A; sorted by the larger count."""
-    rows = diff["op_count_deltas"] if changed_only else diff["op_counts"]
-    frame = pd.DataFrame(rows, columns=["type", "a", "b", "delta"])
+    rows = diff.op_count_deltas if changed_only else diff.op_counts
+    frame = pd.DataFrame([{"type": r.type, "a": r.a, "b": r.b, "delta": r.delta} for r in rows],
+                         columns=["type", "a", "b", "delta"])
     if frame.empty:
         return frame.astype({"a": "int64", "b": "int64", "delta": "int64"})
     order = frame[["a", "b"]].max(axis=1).sort_values(ascending=False, kind="stable").index
@@ -109,7 +154,7 @@ def op_count_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str = "B")
     fig.add_bar(x=frame["type"], y=frame["a"], name=label_a, marker_color=COLOR_A)
     fig.add_bar(x=frame["type"], y=frame["b"], name=label_b, marker_color=COLOR_B,
                 text=[f"{d:+,}" if d else "" for d in frame["delta"]], textposition="outside")
-    return _layout(fig, "Op counts by type (with B − A)", barmode="group", yaxis_title="ops",
+    return style(fig, "Op counts by type (with B − A)", barmode="group", yaxis_title="ops",
                    xaxis_tickangle=-45)
 
 
@@ -117,13 +162,14 @@ def op_count_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str = "B")
 TILE_COLUMNS = ("layer", "name", "input_shape", "output_shape", "dtype", "output_bytes", "kind")
 
 
-def tile_frame(doc: dict[str, Any]) -> pd.DataFrame:
+def tile_frame(analysis: Analysis) -> pd.DataFrame:
     """The analysis's tile ops: layer, name, input and output shapes, dtype, output bytes, kind."""
-    rows = [{**t, "input_shape": _shape(t.get("input_shape")), "output_shape": _shape(t.get("output_shape"))}
-            for t in doc["summary"]["tiles"]]
+    rows = [{"layer": t.layer, "name": t.name, "input_shape": _shape(t.input_shape),
+             "output_shape": _shape(t.output_shape), "dtype": t.dtype, "output_bytes": t.output_bytes, "kind": t.kind}
+            for t in analysis.summary.tiles]
     frame = pd.DataFrame(rows, columns=list(TILE_COLUMNS))
     frame["layer"] = frame["layer"].astype("Int64")
-    frame["output_bytes"] = frame["output_bytes"].astype("int64")
+    frame["output_bytes"] = frame["output_bytes"].astype("Int64")
     return frame
 
 
@@ -132,24 +178,23 @@ def _shape(shape: Sequence[int | None] | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- layers
-def bytes_by_layer_frame(doc: dict[str, Any]) -> pd.DataFrame:
+def bytes_by_layer_frame(analysis: Analysis) -> pd.DataFrame:
     """One analysis's bytes per token per decoder layer and category (``outside`` = no layer)."""
-    rows = [{"layer": layer_name(r["layer"]), **{c: int(r.get(c, 0)) for c in CATEGORIES}, "total": int(r["total"])}
-            for r in doc["bytes"]["bytes_by_layer"]]
+    rows = [{"layer": layer_name(r.layer), **{c: r.get(c) for c in CATEGORIES}, "total": r.total}
+            for r in analysis.bytes_by_layer]
     return pd.DataFrame(rows, columns=["layer", *CATEGORIES, "total"])
 
 
-def bytes_per_token_frame(doc: dict[str, Any]) -> pd.DataFrame:
+def bytes_per_token_frame(analysis: Analysis) -> pd.DataFrame:
     """One analysis's bytes per token by category; ``in_total`` is False for the value-semantics figure."""
-    b = doc["bytes"]["bytes_per_token"]
-    return pd.DataFrame([{"category": k, "bytes": int(v), "in_total": k in CATEGORIES} for k, v in b.items()],
+    b = analysis.bytes_per_token.to_json()
+    return pd.DataFrame([{"category": k, "bytes": v, "in_total": k in CATEGORIES} for k, v in b.items()],
                         columns=["category", "bytes", "in_total"])
 
 
-def layer_frame(doc_a: dict[str, Any], doc_b: dict[str, Any], label_a: str = "A",
-                label_b: str = "B") -> pd.DataFrame:
+def layer_frame(a: Analysis, b: Analysis, label_a: str = "A", label_b: str = "B") -> pd.DataFrame:
     """Bytes per token per decoder layer and category, one row per (analysis, layer)."""
-    parts = [bytes_by_layer_frame(doc).assign(analysis=label) for label, doc in ((label_a, doc_a), (label_b, doc_b))]
+    parts = [bytes_by_layer_frame(x).assign(analysis=label) for label, x in ((label_a, a), (label_b, b))]
     return pd.concat(parts, ignore_index=True)[["analysis", "layer", *CATEGORIES, "total"]]
 
 
@@ -166,7 +211,7 @@ def layer_figure(frame: pd.DataFrame) -> go.Figure:
                         hovertemplate="layer %{x}: %{customdata:,} B<extra>" + cat + "</extra>", row=1, col=col)
         fig.update_xaxes(type="category", title_text="layer", row=1, col=col)
     fig.update_yaxes(title_text="MiB per token", row=1, col=1)
-    fig = _layout(fig, "Bytes per decode token by layer", barmode="stack")
+    fig = style(fig, "Bytes per decode token by layer", barmode="stack")
     fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0},
                       margin={"b": 110})
     return fig
@@ -184,24 +229,17 @@ def op_frame(op_rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 @dataclass(frozen=True, slots=True)
 class Drilldown:
-    """The ops behind one total: ``rows`` have non-zero ``bytes`` (the chosen category) and sum to
-    ``sum_bytes``; ``reference_bytes`` is the total the same selection shows elsewhere (per token or per
-    layer), None when there is none to compare with (an op-type filter)."""
+    """The ops behind a figure: ``rows`` have non-zero ``bytes`` (the chosen category), largest first, and
+    sum to ``sum_bytes``."""
 
     category: str
     rows: pd.DataFrame
     sum_bytes: int
-    reference_bytes: int | None
-    reference_label: str
-
-    @property
-    def matches(self) -> bool | None:
-        return None if self.reference_bytes is None else self.sum_bytes == self.reference_bytes
 
 
-def drilldown(ops: pd.DataFrame, doc: dict[str, Any], category: str = "total", layer: LayerFilter = "all",
+def drilldown(ops: pd.DataFrame, category: str = "total", layer: LayerFilter = "all",
               op_type: str | None = None) -> Drilldown:
-    """Filter the op table to the ops that make up a total.
+    """Filter the op table to the ops that move ``category`` bytes.
 
     ``category`` is one of CATEGORIES or ``"total"``; ``layer`` a layer index, ``"outside"`` or ``"all"``;
     ``op_type`` an op type or None for all.
@@ -218,130 +256,4 @@ def drilldown(ops: pd.DataFrame, doc: dict[str, Any], category: str = "total", l
     rows = ops[mask].copy()
     rows.insert(0, "bytes", rows[category].astype("int64"))
     rows = rows[rows["bytes"] != 0].sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
-    total = int(rows["bytes"].sum())
-    reference: int | None = None
-    ref_label = ""
-    if op_type is None and layer == "all":
-        reference = int(doc["bytes"]["bytes_per_token"][category])
-        ref_label = f"bytes per token, {category}"
-    elif op_type is None:
-        wanted = None if layer == OUTSIDE_LAYERS else int(layer)
-        row = next((r for r in doc["bytes"]["bytes_by_layer"] if r["layer"] == wanted), None)
-        reference = int(row[category]) if row is not None else 0
-        ref_label = f"bytes per token of layer {layer_name(wanted)}, {category}"
-    return Drilldown(category, rows, total, reference, ref_label)
-
-
-# ------------------------------------------------------------------------------------------------- bandwidth
-BANDWIDTH_COLUMNS = ("build", "device", "n", "measured_tok_per_s", "graph_bytes_per_token",
-                     "inferred_bytes_per_token", "predicted_tok_per_s", "residual_pct", "gap_bytes", "gap_pct",
-                     "bw_bytes_per_s", "overhead_s", "bw_source")
-
-
-def bandwidth_frame(report: Any) -> pd.DataFrame:
-    """One row per (build, device) of an ``analyzer.device.bandwidth.CrossCheckReport``."""
-    rows = [{c: getattr(r, c) for c in BANDWIDTH_COLUMNS} for r in report.builds]
-    frame = pd.DataFrame(rows, columns=list(BANDWIDTH_COLUMNS))
-    for c in ("graph_bytes_per_token", "inferred_bytes_per_token", "gap_bytes"):
-        frame[c] = frame[c].astype("Int64")
-    return frame
-
-
-PAIR_COLUMNS = ("device", "build_a", "build_b", "tok_per_s_a", "tok_per_s_b", "speedup",
-                "inferred_bytes_per_token_a", "inferred_bytes_per_token_b", "inferred_diff_bytes",
-                "graph_diff_bytes", "gap_bytes", "gap_pct", "bw_bytes_per_s")
-
-
-def pairs_frame(report: Any) -> pd.DataFrame:
-    """The write-up's A/B form for every pair of mapped builds on a device (a = more graph bytes)."""
-    rows = [{c: getattr(p, c) for c in PAIR_COLUMNS} for p in report.pairs]
-    frame = pd.DataFrame(rows, columns=list(PAIR_COLUMNS))
-    for c in ("inferred_bytes_per_token_a", "inferred_bytes_per_token_b", "inferred_diff_bytes",
-              "graph_diff_bytes", "gap_bytes"):
-        frame[c] = frame[c].astype("Int64")
-    return frame
-
-
-@dataclass(frozen=True, slots=True)
-class BandwidthCurve:
-    """``tok/s = 1 / (bytes / bw + overhead)`` drawn as a line; ``dash`` for fitted curves."""
-
-    label: str
-    bw_bytes_per_s: float
-    overhead_s: float = 0.0
-    dash: str = "solid"
-    color: str = "#444"
-
-
-def bandwidth_figure(frame: pd.DataFrame, curves: Sequence[BandwidthCurve]) -> go.Figure:
-    """Measured tok/s against graph MB per token, both axes logarithmic, with bandwidth curves.
-
-    Builds without graph bytes cannot be placed and are left out (the table lists them). Each mapped
-    build also shows, as an open marker on the same row, the bytes its tok/s implies at its bandwidth.
-    """
-    mapped = frame[frame["graph_bytes_per_token"].notna()]
-    fig = go.Figure()
-    xs: list[float] = []
-    for i, device in enumerate(dict.fromkeys(mapped["device"])):
-        part = mapped[mapped["device"] == device]
-        color = DEVICE_COLORS[i % len(DEVICE_COLORS)]
-        graph_mb = [int(v) / MB for v in part["graph_bytes_per_token"]]
-        xs.extend(graph_mb)
-        fig.add_scatter(x=graph_mb, y=list(part["measured_tok_per_s"]), mode="markers+text", name=device,
-                        text=list(part["build"]), textposition="top center", marker={"size": 11, "color": color},
-                        hovertemplate="%{text}<br>graph %{x:,.0f} MB/token<br>measured %{y:.2f} tok/s"
-                                      "<extra>" + device + "</extra>")
-        inferred = part[part["inferred_bytes_per_token"].notna()]
-        if len(inferred):
-            inf_mb = [int(v) / MB for v in inferred["inferred_bytes_per_token"]]
-            xs.extend(inf_mb)
-            fig.add_scatter(x=inf_mb, y=list(inferred["measured_tok_per_s"]), mode="markers",
-                            name=f"{device}: inferred bytes", text=list(inferred["build"]),
-                            marker={"size": 10, "color": color, "symbol": "circle-open", "line": {"width": 2}},
-                            hovertemplate="%{text}<br>inferred %{x:,.0f} MB/token<br>%{y:.2f} tok/s"
-                                          "<extra>inferred</extra>")
-    lo, hi = (min(xs), max(xs)) if xs else (100.0, 10_000.0)
-    grid = [lo / 2 * (hi * 2 / (lo / 2)) ** (k / 60) for k in range(61)]  # MB/token, log-spaced
-    for c in curves:
-        fig.add_scatter(x=grid, y=[1.0 / (g * MB / c.bw_bytes_per_s + c.overhead_s) for g in grid], mode="lines",
-                        name=c.label, line={"dash": c.dash, "color": c.color, "width": 1.5},
-                        hovertemplate="%{x:,.0f} MB/token → %{y:.2f} tok/s<extra>" + c.label + "</extra>")
-    # The view is the measurements' (a fitted curve far off them must not squash the points into a corner).
-    tok = [float(v) for v in mapped["measured_tok_per_s"]] or [1.0, 100.0]
-    fig.update_xaxes(type="log", title_text="bytes per token (MB = 10^6 B, log)",
-                     range=[math.log10(lo / 1.6), math.log10(hi * 1.6)])
-    fig.update_yaxes(type="log", title_text="tok/s (log)", range=[math.log10(min(tok) / 2), math.log10(max(tok) * 2)])
-    fig = _layout(fig, "Measured tok/s vs bytes per token: graph (●) and inferred (○)", height=520)
-    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.16, "xanchor": "left", "x": 0.0},
-                      margin={"b": 140})
-    return fig
-
-
-def inferred_vs_graph_figure(frame: pd.DataFrame) -> go.Figure:
-    """Per (build, device): the bytes its tok/s implies beside the bytes its graph counts (MB)."""
-    part = frame[frame["inferred_bytes_per_token"].notna() | frame["graph_bytes_per_token"].notna()]
-    names = [f"{b} · {d}" for b, d in zip(part["build"], part["device"], strict=True)]
-    fig = go.Figure()
-    for col, label, color in (("inferred_bytes_per_token", "inferred from tok/s", COLOR_B),
-                              ("graph_bytes_per_token", "graph (MIL shapes)", COLOR_A)):
-        values = [None if pd.isna(v) else int(v) / MB for v in part[col]]
-        fig.add_bar(x=names, y=values, name=label, marker_color=color,
-                    hovertemplate="%{x}: %{y:,.0f} MB/token<extra>" + label + "</extra>")
-    return _layout(fig, "Inferred vs graph bytes per token (MB)", barmode="group", yaxis_title="MB per token",
-                   xaxis_tickangle=-20)
-
-
-def residual_figure(frame: pd.DataFrame, threshold_pct: float = DEFAULT_MAX_RESIDUAL_PCT) -> go.Figure:
-    """(measured − predicted) / measured per mapped (build, device), in percent; bars beyond
-    ``threshold_pct`` are drawn red."""
-    part = frame[frame["residual_pct"].notna()]
-    names = [f"{b} · {d}" for b, d in zip(part["build"], part["device"], strict=True)]
-    values = [float(v) for v in part["residual_pct"]]
-    colors = [CATEGORY_COLORS["replication"] if abs(v) > threshold_pct else CATEGORY_COLORS["kv_write"] for v in values]
-    fig = go.Figure(go.Bar(x=names, y=values, marker_color=colors, text=[f"{v:+.1f}%" for v in values],
-                           textposition="outside", hovertemplate="%{x}: %{y:+.1f}%<extra></extra>"))
-    fig.add_hline(y=0, line={"color": "#666", "width": 1})
-    span = max([abs(v) for v in values] + [1.0])
-    return _layout(fig, "Residuals: (measured − predicted) / measured", yaxis_title="%",
-                   yaxis_range=[-span * 1.3, span * 1.3], showlegend=False, xaxis_tickangle=-20)
-
+    return Drilldown(category, rows, int(rows["bytes"].sum()))

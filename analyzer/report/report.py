@@ -1,4 +1,5 @@
-"""The A/B headline (tiles, bytes, predicted speed, equivalence) and a one-file HTML report of it.
+"""A one-file HTML report of an A/B: the headline, every chart followed by its numbers, the tiles, and the
+bandwidth cross-check; and the zipping of small packages for download.
 
 The report is one HTML file a reviewer can open offline: plotly.js is embedded inline once (no CDN),
 every chart is followed by its numbers, and all text from analyses or logs is HTML-escaped. Pure: no
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import html
 import math
+import os
+import shlex
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -21,136 +24,26 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, predicted_tok_per_s
-from analyzer.fmt import MB, MIB
-from analyzer.graph.accounting import CATEGORIES
-from analyzer.graph.diff import diff_documents
-from analyzer.report import figures
-
-NO_RUNTIME_NOTE = (
-    "No Core ML runtime on Linux: no predict, no compute plan. The figures are static MIL analysis "
-    "(op records and tensor shapes of the saved program) and torch numerics; on a Mac, Core ML's "
-    "MLComputePlan would add per-op device placement and estimated cost, and predict would add Core ML outputs."
+from analyzer.device.bandwidth import WRITEUP_AB_IPHONE
+from analyzer.graph.diff import diff_analyses
+from analyzer.graph.record import Analysis
+from analyzer.report import figures, graphview
+from analyzer.report.bandwidth_figures import (
+    BandwidthCurve,
+    bandwidth_figure,
+    inferred_vs_graph_figure,
+    residual_figure,
 )
-UNITS_NOTE = "MiB = 2^20 bytes, MB = 10^6 bytes; bytes are logical bytes per decode token from MIL shapes."
-
-
-# ------------------------------------------------------------------------------------------------- headline
-@dataclass(frozen=True, slots=True)
-class EquivalenceSummary:
-    """The torch check of the two variants on one source: fp16 bit-identity, max |Δ logits|, greedy agreement."""
-
-    variant_a: str
-    variant_b: str
-    steps: int
-    fp16_bit_identical: bool | None
-    fp16_max_abs_diff: float | None
-    fp32_max_abs_diff: float | None
-    greedy_agree_steps: int | None  # the fewer of fp16's and fp32's agreeing steps
-
-
-def _comparable_spec(doc: dict[str, Any]) -> tuple[Any, ...] | None:
-    spec = doc.get("spec")
-    if not spec:
-        return None
-    source = spec.get("source", {})
-    return (repr(source.get("fingerprint")), spec.get("kv_mode"), spec.get("ctx"), spec.get("compression"))
-
-
-def equivalence_summary(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> EquivalenceSummary | None:
-    """The equivalence of A's and B's variants, when both are builds of the same source, KV mode, ctx and
-    compression (each build records every variant pair); None otherwise."""
-    spec_a, spec_b = _comparable_spec(doc_a), _comparable_spec(doc_b)
-    if spec_a is None or spec_a != spec_b:
-        return None
-    va, vb = doc_a["spec"]["variant"], doc_b["spec"]["variant"]
-    if va == vb:
-        return None
-    report = doc_a.get("equivalence") or doc_b.get("equivalence")
-    if not report:
-        return None
-    pairs = {p["dtype"]: p for p in report.get("pairs", []) if {p["variant_a"], p["variant_b"]} == {va, vb}}
-    if not pairs:
-        return None
-    fp16, fp32 = pairs.get("fp16"), pairs.get("fp32")
-    agree = [p["greedy_agree_steps"] for p in pairs.values()]
-    return EquivalenceSummary(
-        variant_a=va,
-        variant_b=vb,
-        steps=int(report.get("steps", max(p["steps"] for p in pairs.values()))),
-        fp16_bit_identical=None if fp16 is None else bool(fp16["bit_identical"]),
-        fp16_max_abs_diff=None if fp16 is None else float(fp16["max_abs_diff"]),
-        fp32_max_abs_diff=None if fp32 is None else float(fp32["max_abs_diff"]),
-        greedy_agree_steps=min(agree) if agree else None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ABHeadline:
-    """The numbers the A/B page leads with (bytes ints, bandwidth in bytes/s)."""
-
-    label_a: str
-    label_b: str
-    tiles_a: int
-    tiles_b: int
-    tile_bytes_a: int
-    tile_bytes_b: int
-    total_ops_a: int
-    total_ops_b: int
-    non_const_ops_a: int
-    non_const_ops_b: int
-    bytes_per_token_a: dict[str, int]
-    bytes_per_token_b: dict[str, int]
-    bw_bytes_per_s: float
-    tok_per_s_a: float
-    tok_per_s_b: float
-    equivalence: EquivalenceSummary | None = field(default=None)
-
-    @property
-    def speedup(self) -> float:
-        """Predicted B over A; with ``tok/s = BW ÷ bytes`` it is bytes_A ÷ bytes_B, whatever the BW."""
-        return self.tok_per_s_b / self.tok_per_s_a
-
-
-def ab_headline(doc_a: dict[str, Any], doc_b: dict[str, Any], *, bw_bytes_per_s: float,
-                label_a: str = "A", label_b: str = "B") -> ABHeadline:
-    sa, sb = doc_a["summary"], doc_b["summary"]
-    ba, bb = doc_a["bytes"]["bytes_per_token"], doc_b["bytes"]["bytes_per_token"]
-    return ABHeadline(
-        label_a=label_a,
-        label_b=label_b,
-        tiles_a=int(sa["tile_count"]),
-        tiles_b=int(sb["tile_count"]),
-        tile_bytes_a=int(sa["tile_output_bytes"]),
-        tile_bytes_b=int(sb["tile_output_bytes"]),
-        total_ops_a=int(sa["total_ops"]),
-        total_ops_b=int(sb["total_ops"]),
-        non_const_ops_a=int(sa["non_const_ops"]),
-        non_const_ops_b=int(sb["non_const_ops"]),
-        bytes_per_token_a={k: int(v) for k, v in ba.items()},
-        bytes_per_token_b={k: int(v) for k, v in bb.items()},
-        bw_bytes_per_s=float(bw_bytes_per_s),
-        tok_per_s_a=predicted_tok_per_s(bw_bytes_per_s, int(ba["total"])),
-        tok_per_s_b=predicted_tok_per_s(bw_bytes_per_s, int(bb["total"])),
-        equivalence=equivalence_summary(doc_a, doc_b),
-    )
-
-
-def headline_frame(h: ABHeadline) -> pd.DataFrame:
-    """The headline as rows (what, A, B): the report's first table and the A/B page's download."""
-    def row(what: str, a: Any, b: Any, unit: str) -> dict[str, Any]:
-        return {"what": what, "a": a, "b": b, "unit": unit}
-
-    rows = [
-        row("tile ops", h.tiles_a, h.tiles_b, "ops"),
-        row("tile output", h.tile_bytes_a, h.tile_bytes_b, "bytes"),
-        row("ops (with const)", h.total_ops_a, h.total_ops_b, "ops"),
-        row("ops (without const)", h.non_const_ops_a, h.non_const_ops_b, "ops"),
-        *(row(f"bytes per token: {c}", h.bytes_per_token_a[c], h.bytes_per_token_b[c], "bytes")
-          for c in (*CATEGORIES, "total")),
-        row("predicted tok/s", h.tok_per_s_a, h.tok_per_s_b, f"tok/s at {h.bw_bytes_per_s / MB:,.0f} MB/s"),
-    ]
-    return pd.DataFrame(rows, columns=["what", "a", "b", "unit"])
+from analyzer.report.compare import compare, structure_caveat
+from analyzer.report.headline import (
+    NO_RUNTIME_NOTE,
+    UNITS_NOTE,
+    HeadlineCard,
+    ab_headline,
+    equivalence_text,
+    headline_cards,
+    headline_frame,
+)
 
 
 # ------------------------------------------------------------------------------------------------- HTML
@@ -158,10 +51,11 @@ def headline_frame(h: ABHeadline) -> pd.DataFrame:
 class BandwidthSection:
     """What the Bandwidth page shows, for the report: per-build rows, A/B pairs, curves and fit verdicts."""
 
-    builds: pd.DataFrame  # figures.bandwidth_frame
-    pairs: pd.DataFrame  # figures.pairs_frame
-    curves: tuple[figures.BandwidthCurve, ...]
+    builds: pd.DataFrame  # bandwidth_figures.bandwidth_frame
+    pairs: pd.DataFrame  # bandwidth_figures.pairs_frame
+    curves: tuple[BandwidthCurve, ...]
     verdicts: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()  # what the mapped analyses' graph bytes assume, one line each
 
 
 _CSS = """
@@ -176,6 +70,8 @@ th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 .kpis{display:flex;flex-wrap:wrap;gap:1rem;margin:1rem 0}
 .kpi{border:1px solid #ddd;border-radius:6px;padding:.6rem 1rem;min-width:10rem}
 .kpi .v{font-size:1.4rem;font-weight:600}.kpi .l{color:#666;font-size:.8rem}
+.kpi .d{font-size:.85rem}.kpi .d.good{color:#09873a}.kpi .d.bad{color:#d03030}.kpi .d.off{color:#666}
+.warn{background:#fdecea;border-left:4px solid #d03030;padding:.6rem .9rem;font-size:.95rem}
 """
 
 
@@ -187,6 +83,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
+        value += 0.0  # -0.0 → 0.0: a table never shows "-0"
         return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
 
@@ -217,29 +114,34 @@ class _Figures:
         return out
 
 
-def _kpi(label: str, value: str) -> str:
-    return f'<div class="kpi"><div class="v">{html.escape(value)}</div><div class="l">{html.escape(label)}</div></div>'
+def _kpi(card: HeadlineCard) -> str:
+    """A headline card as the page shows it: value, label, and the change coloured as ``st.metric`` colours it."""
+    e = html.escape
+    delta = ""
+    if card.delta is not None:
+        positive = not card.delta.startswith("-")  # st.metric colours by the text's sign
+        good = positive == (card.delta_color == "normal")
+        tone = "off" if card.delta_color == "off" else "good" if good else "bad"
+        delta = f'<div class="d {tone}">{e(card.delta)}</div>'
+    title = f' title="{e(card.help)}"' if card.help else ""
+    return (f'<div class="kpi"{title}><div class="v">{e(card.value)}</div>{delta}'
+            f'<div class="l">{e(card.label)}</div></div>')
 
 
-def _equivalence_text(eq: EquivalenceSummary | None) -> str:
-    if eq is None:
-        return "not available for this pair (equivalence is checked between variants of one source)"
-    fp16 = "bit-identical" if eq.fp16_bit_identical else f"max |Δ| {eq.fp16_max_abs_diff:.3g}"
-    return (f"torch, {eq.steps} decode steps: fp16 {fp16}; fp32 max |Δ logits| {eq.fp32_max_abs_diff:.3g}; "
-            f"greedy agreement {eq.greedy_agree_steps}/{eq.steps}")
-
-
-def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str = "A", label_b: str = "B",
+def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str = "B",
                  bw_bytes_per_s: float = WRITEUP_AB_IPHONE.bytes_per_s, bandwidth: BandwidthSection | None = None,
-                 generated_at: datetime | None = None) -> str:
-    """One self-contained HTML page: headline, charts with their tables, tiles, and the bandwidth check."""
-    h = ab_headline(doc_a, doc_b, bw_bytes_per_s=bw_bytes_per_s, label_a=label_a, label_b=label_b)
-    diff = diff_documents(doc_a, doc_b)
+                 generated_at: datetime | None = None, bandwidth_source: str = "") -> str:
+    """One self-contained HTML page: headline, charts with their tables, tiles, layer 0's graphs of A and B,
+    and the bandwidth check. ``bandwidth_source`` says where ``bw_bytes_per_s`` came from (the dashboard's one
+    bandwidth setting)."""
+    h = ab_headline(a, b, bw_bytes_per_s=bw_bytes_per_s, label_a=label_a, label_b=label_b)
+    diff = diff_analyses(a, b)
     fig = _Figures()
     when = (generated_at or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
-    versions = doc_a.get("versions") or {}
+    versions = a.build.versions if a.build else {}
     e = html.escape
-    ta, tb = h.bytes_per_token_a["total"], h.bytes_per_token_b["total"]
+    differences = compare(a, b).sentence()
+    caveat = structure_caveat(a, b)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>qfold A/B report: {e(label_a)} vs {e(label_b)}</title><style>{_CSS}</style></head><body>",
@@ -247,15 +149,14 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
         f"<p class='meta'>A: {e(label_a)}<br>B: {e(label_b)}<br>generated {e(when)}"
         + (f" · {e(', '.join(f'{k} {v}' for k, v in versions.items()))}" if versions else "") + "</p>",
         f"<p class='note'>{e(NO_RUNTIME_NOTE)}</p>",
+        *([f"<p class='warn'><b>Not apples to apples:</b> {e(differences)}</p>"] if differences else []),
         "<div class='kpis'>",
-        _kpi("tile ops A → B", f"{h.tiles_a} → {h.tiles_b}"),
-        _kpi("tile output A → B", f"{h.tile_bytes_a / MIB:,.0f} → {h.tile_bytes_b / MIB:,.0f} MiB"),
-        _kpi("bytes per token A → B", f"{ta / MIB:,.0f} → {tb / MIB:,.0f} MiB"),
-        _kpi("bytes per token A → B (MB)", f"{ta / MB:,.0f} → {tb / MB:,.0f} MB"),
-        _kpi(f"predicted tok/s at {bw_bytes_per_s / MB:,.0f} MB/s", f"{h.tok_per_s_a:.2f} → {h.tok_per_s_b:.2f}"),
-        _kpi("predicted speedup B/A", f"{h.speedup:.2f}×"),
+        *(_kpi(card) for card in headline_cards(h, caveat=caveat)),
         "</div>",
-        f"<p><b>Equivalence:</b> {e(_equivalence_text(h.equivalence))}</p>",
+        *([f"<p class='note'><b>Predicted tok/s:</b> {e(caveat)}</p>"] if caveat else []),
+        f"<p class='meta'>Bandwidth for predictions: {e(bandwidth_source)}</p>" if bandwidth_source else "",
+        *(f"<p class='note'><b>Assumed:</b> {e(note)}</p>" for note in h.assumptions),
+        f"<p><b>Equivalence:</b> {e(equivalence_text(h.equivalence))}</p>",
         f"<p class='meta'>{e(UNITS_NOTE)} Predicted tok/s = BW ÷ bytes per token.</p>",
         "<h2>Headline</h2>",
         _table(headline_frame(h)),
@@ -268,21 +169,24 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
     parts += ["<h2>Op counts</h2>", fig(figures.op_count_figure(ops, label_a, label_b)),
               "<p>Op types whose count changed:</p>", _table(changed), "<p>All op types:</p>", _table(ops)]
     parts.append("<h2>Tile ops</h2>")
-    for label, doc in ((label_a, doc_a), (label_b, doc_b)):
-        tiles = figures.tile_frame(doc)
+    for label, analysis in ((label_a, a), (label_b, b)):
+        tiles = figures.tile_frame(analysis)
         parts.append(f"<p><b>{e(label)}</b>: {len(tiles)} tile ops, "
                      f"{int(tiles['output_bytes'].sum()):,} bytes of output</p>")
         if len(tiles):
             parts.append(_table(tiles))
-    layers = figures.layer_frame(doc_a, doc_b, "A", "B")
+    if a.program.ops and b.program.ops:  # summaries made by hand have no op records to draw
+        parts.append(graphview.report_html(a.program, b.program, label_a, label_b, layer=0))
+    layers = figures.layer_frame(a, b, "A", "B")
     parts += ["<h2>Bytes per token by layer</h2>", fig(figures.layer_figure(layers)), _table(layers)]
     if bandwidth is not None:
         parts += ["<h2>Bandwidth model: measured vs graph</h2>",
                   f"<p class='meta'>tok/s ≈ BW ÷ bytes per token. {e(UNITS_NOTE)}</p>",
-                  fig(figures.bandwidth_figure(bandwidth.builds, bandwidth.curves)),
+                  fig(bandwidth_figure(bandwidth.builds, bandwidth.curves)),
                   _table(bandwidth.builds),
-                  fig(figures.inferred_vs_graph_figure(bandwidth.builds)),
-                  fig(figures.residual_figure(bandwidth.builds))]
+                  fig(inferred_vs_graph_figure(bandwidth.builds)),
+                  fig(residual_figure(bandwidth.builds))]
+        parts += [f"<p class='note'><b>Assumed:</b> {e(note)}</p>" for note in bandwidth.assumptions]
         if len(bandwidth.pairs):
             parts += ["<p>A/B pairs (a = the build with more graph bytes):</p>", _table(bandwidth.pairs)]
         parts += [f"<p class='note'>{e(v)}</p>" for v in bandwidth.verdicts]
@@ -292,21 +196,52 @@ def build_report(doc_a: dict[str, Any], doc_b: dict[str, Any], *, label_a: str =
 
 # ------------------------------------------------------------------------------------------------- packages
 MAX_DOWNLOAD_PACKAGE_BYTES = 200 * 1_000_000
-"""Packages up to this size may be zipped and served through the browser; a download is held in server memory
-per session (design.md: a full-size package is ~2.5 GB, never push it that way)."""
+"""Packages up to this size are zipped for a browser download. Streamlit 1.67's ``st.download_button`` keeps what
+it serves in server memory (its media storage holds the bytes until no session refers to them), so a full-size
+package (~2.5 GB: bench/results/full_size.json) is never pushed that way: the page gives its path and the command
+that zips it on the server instead (:func:`zip_command`)."""
+
+
+def package_files(path: Path) -> list[Path]:
+    """The regular files of a ``.mlpackage`` folder, sorted; symlinks are neither followed nor included (a link in
+    a package made elsewhere could point anywhere on the server)."""
+    out = []
+    for folder, dirs, files in os.walk(path, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not (Path(folder) / d).is_symlink())
+        out += [Path(folder) / f for f in sorted(files) if not (Path(folder) / f).is_symlink()]
+    return out
 
 
 def package_size_bytes(path: Path) -> int:
-    """Bytes of every file under a ``.mlpackage`` folder."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes of every regular file under a ``.mlpackage`` folder."""
+    return sum(f.stat().st_size for f in package_files(path))
 
 
-def zip_package(path: Path) -> BinaryIO:
-    """The package zipped into an anonymous temporary file (gone when closed), positioned at its start."""
-    out = tempfile.TemporaryFile()
+def zip_package_to(path: Path, out: BinaryIO, root_name: str | None = None) -> None:
+    """Write the package as a zip into ``out``, read file by file from disk, under one top folder ``root_name``
+    (default: the package's own name), so it unzips to a ``.mlpackage`` any Core ML tool opens::
+
+        model.mlpackage/Manifest.json, model.mlpackage/Data/com.apple.CoreML/model.mlmodel, …
+    """
+    root = root_name or path.name
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        for f in sorted(path.rglob("*")):
-            if f.is_file():
-                zf.write(f, arcname=str(Path(path.name) / f.relative_to(path)))
-    out.seek(0)
-    return out
+        for f in package_files(path):
+            zf.write(f, arcname=str(Path(root) / f.relative_to(path)))
+
+
+def zip_package(path: Path, root_name: str | None = None) -> bytes:
+    """The package zipped, as bytes for ``st.download_button``'s deferred callable (run when clicked). The zip is
+    built in an anonymous temporary file and read back once, so the peak is one copy of the zip; the callable
+    must return bytes (Streamlit 1.67 refuses the file object ``tempfile.TemporaryFile`` gives:
+    "Callable returned unsupported type: BufferedRandom")."""
+    with tempfile.TemporaryFile() as tmp:
+        zip_package_to(path, tmp, root_name)
+        tmp.seek(0)
+        return tmp.read()
+
+
+def zip_command(path: Path, out_name: str) -> str:
+    """The shell command that zips ``path`` on the server as the download would (Python's own ``zipfile``, so it
+    works wherever qfold runs, no ``zip`` binary needed)."""
+    return (f"cd {shlex.quote(str(path.parent))} && python -m zipfile -c {shlex.quote('/tmp/' + out_name)} "
+            f"{shlex.quote(path.name)}")

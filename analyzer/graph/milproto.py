@@ -1,0 +1,198 @@
+"""From the ML Program protobuf to op records: tensor types, stored constant sizes, nested blocks.
+
+Constant data is sized from what is stored: the blob header's byte count for ``weight.bin`` data (coremltools'
+blob storage v2: a 64-byte header per blob, the first 24 bytes being sentinel, dtype, size, offset), the
+value's own size for immediates. Nothing here reads weight values, except vectors small enough to check for
+all zeros.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import ChainMap
+from dataclasses import dataclass
+from pathlib import Path
+
+from analyzer.errors import MilError
+from analyzer.graph.program import InputRef, OpRecord, TensorInfo, tensor_nbytes
+
+_PROTO_DTYPE = {
+    "FLOAT16": "fp16", "FLOAT32": "fp32", "FLOAT64": "fp64", "BFLOAT16": "bf16", "FLOAT8E4M3FN": "fp8e4m3fn",
+    "FLOAT8E5M2": "fp8e5m2", "BOOL": "bool", "STRING": "string",
+    **{f"{s}INT{b}": f"{s.lower()}int{b}" for s in ("", "U") for b in (1, 2, 3, 4, 6, 8, 16, 32, 64)},
+}
+# Vectors (rank ≤ 1) up to 4 MiB are read to see whether they are all zeros: coremltools gives every bias-free
+# linear a zero bias, up to vocabulary size for an lm_head (262,144 fp16 values = 512 KiB for Gemma 3).
+ZERO_CHECK_MAX_BYTES = 4 << 20
+_BLOB_SENTINEL = 0xDEADBEEF  # coremltools MIL blob storage v2 (mil/backend/mil/helper.py, BlobWriter)
+_BLOB_HEADER = struct.Struct("<IIQQ")  # sentinel, dtype, size in bytes, offset of the data
+
+
+def dtype_name(enum_value: int) -> str:
+    from coremltools.proto import MIL_pb2
+
+    name = MIL_pb2.DataType.Name(enum_value)
+    return _PROTO_DTYPE.get(name, name.lower())
+
+
+def tensor_info(name: str, value_type) -> TensorInfo:
+    """A MIL ValueType as a TensorInfo; a dimension that is not a constant (flexible shapes) is None."""
+    which = value_type.WhichOneof("type")
+    if which == "stateType":
+        return tensor_info(name, value_type.stateType.wrappedType)
+    if which != "tensorType":
+        return TensorInfo(name, (), which or "unknown", None)
+    tt = value_type.tensorType
+    shape = tuple(d.constant.size if d.WhichOneof("dimension") == "constant" else None for d in tt.dimensions)
+    dtype = dtype_name(tt.dataType)
+    return TensorInfo(name, shape, dtype, tensor_nbytes(shape, dtype))
+
+
+def feature_info(feature) -> TensorInfo:
+    """An output or state of the model description (a multi-array, possibly wrapped as a state)."""
+    from coremltools.proto import FeatureTypes_pb2
+
+    ft = feature.type
+    arr = ft.stateType.arrayType if ft.WhichOneof("Type") == "stateType" else ft.multiArrayType
+    shape = tuple(int(d) for d in arr.shape)
+    enum_name = FeatureTypes_pb2.ArrayFeatureType.ArrayDataType.Name(arr.dataType)  # "FLOAT16", "INT32", ...
+    dtype = {"DOUBLE": "fp64"}.get(enum_name, _PROTO_DTYPE.get(enum_name, enum_name.lower()))
+    return TensorInfo(feature.name, shape, dtype, tensor_nbytes(shape, dtype))
+
+
+class Blobs:
+    """Reads blob sizes from ``weight.bin`` headers; one open file per blob file."""
+
+    def __init__(self, weights_dir: Path):
+        self.weights_dir = weights_dir
+        self._files: dict[str, object] = {}
+        self._maps: dict[str, object] = {}
+
+    def size(self, file_name: str, offset: int) -> int:
+        return self._header(file_name, offset)[0]
+
+    def is_zero(self, file_name: str, offset: int, limit: int = ZERO_CHECK_MAX_BYTES) -> bool:
+        """Whether a (small) blob holds only zero bytes; blobs over ``limit`` are not read."""
+        size, data_offset, f = self._header(file_name, offset)
+        if size > limit:
+            return False
+        f.seek(data_offset)  # type: ignore[attr-defined]
+        return not any(f.read(size))  # type: ignore[attr-defined]
+
+    def data(self, file_name: str, offset: int):
+        """The stored bytes of one blob as a read-only, memory-mapped ``uint8`` array (nothing is read until
+        it is used; the mapping stays valid after ``close``)."""
+        import numpy as np
+
+        size, data_offset, _ = self._header(file_name, offset)
+        rel = file_name.removeprefix("@model_path/weights/")
+        mm = self._maps.get(rel)
+        if mm is None:
+            mm = self._maps[rel] = np.memmap(self._path(file_name), dtype=np.uint8, mode="r")
+        if data_offset + size > len(mm):  # type: ignore[arg-type]
+            raise MilError(f"{self._path(file_name)}: blob at offset {offset} runs past the end of the file")
+        return mm[data_offset:data_offset + size]  # type: ignore[index]
+
+    def _path(self, file_name: str) -> Path:
+        rel = file_name.removeprefix("@model_path/weights/")
+        path = (self.weights_dir / rel).resolve()
+        if self.weights_dir.resolve() not in path.parents:
+            raise MilError(f"blob file {file_name!r} points outside the package")
+        return path
+
+    def _header(self, file_name: str, offset: int):
+        rel = file_name.removeprefix("@model_path/weights/")
+        path = self._path(file_name)
+        f = self._files.get(rel)
+        if f is None:
+            try:
+                f = self._files[rel] = path.open("rb")
+            except OSError as e:
+                raise MilError(f"cannot open weight file {path}: {e}") from e
+        f.seek(offset)  # type: ignore[attr-defined]
+        head = f.read(_BLOB_HEADER.size)  # type: ignore[attr-defined]
+        if len(head) < _BLOB_HEADER.size:
+            raise MilError(f"{path}: truncated blob header at offset {offset}")
+        sentinel, _dtype, size, data_offset = _BLOB_HEADER.unpack(head)
+        if sentinel != _BLOB_SENTINEL:
+            raise MilError(f"{path}: no blob header at offset {offset} (found 0x{sentinel:08X})")
+        return size, data_offset, f
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()  # type: ignore[attr-defined]
+
+
+def _value_stored_bytes(value, info: TensorInfo, blobs: Blobs) -> int:
+    kind = value.WhichOneof("value")
+    if kind == "blobFileValue":
+        return blobs.size(value.blobFileValue.fileName, value.blobFileValue.offset)
+    if info.dtype == "string":
+        return sum(len(s) for s in value.immediateValue.tensor.strings.values)
+    return info.nbytes or 0
+
+
+def _value_is_zero(value, blobs: Blobs) -> bool:
+    kind = value.WhichOneof("value")
+    if kind == "blobFileValue":
+        return blobs.is_zero(value.blobFileValue.fileName, value.blobFileValue.offset)
+    if kind != "immediateValue" or value.immediateValue.WhichOneof("value") != "tensor":
+        return False
+    tensor = value.immediateValue.tensor
+    which = tensor.WhichOneof("value")
+    if which is None:
+        return False
+    values = getattr(tensor, which).values
+    return len(values) > 0 and not any(values)
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    """What a name in scope refers to."""
+
+    info: TensorInfo
+    producer: int | None
+    is_const: bool
+    stored_bytes: int
+
+
+def walk_block(block, blobs: Blobs, function_inputs: dict[str, TensorInfo]) -> list[OpRecord]:
+    """Every op of a function's block and, depth first, of the blocks nested in its ops (``cond``'s two
+    branches, ``while_loop``'s condition and body), in topological order. Each nested block has its own
+    scope: it sees the names of the blocks around it and its own inputs (a loop's variables), and the
+    names it defines end with it; only the op that holds it is visible afterwards."""
+    records: list[OpRecord] = []
+
+    def bind(info: TensorInfo) -> _Binding:
+        return _Binding(info, None, False, 0)
+
+    def visit(blk, scope: ChainMap, parent: int | None) -> None:
+        for op in blk.operations:
+            index = len(records)
+            outputs = tuple(tensor_info(o.name, o.type) for o in op.outputs)
+            const_bytes, const_zero = 0, False
+            if op.type == "const":
+                const_bytes = _value_stored_bytes(op.attributes["val"], outputs[0], blobs)
+                const_zero = (outputs[0].dtype != "string" and len(outputs[0].shape) <= 1
+                              and _value_is_zero(op.attributes["val"], blobs))
+            refs = []
+            for param, arg in op.inputs.items():
+                for binding in arg.arguments:
+                    if binding.WhichOneof("binding") == "name":
+                        name = binding.name
+                        b = scope.get(name) or bind(TensorInfo(name, (), "unknown", None))
+                        refs.append(InputRef(param, b.info, b.producer, b.is_const, b.stored_bytes))
+                    else:  # an inline value (iOS18 constexpr ops carry their data this way)
+                        info = tensor_info(f"{op.outputs[0].name}.{param}" if op.outputs else param,
+                                           binding.value.type)
+                        refs.append(InputRef(param, info, None, True, _value_stored_bytes(binding.value, info, blobs)))
+            name = op.outputs[0].name if op.outputs else f"{op.type}_{index}"
+            records.append(OpRecord(index, op.type, name, None, "", tuple(refs), outputs, const_bytes,
+                                    const_zero=const_zero, parent=parent))
+            for b in op.blocks:
+                visit(b, scope.new_child({i.name: bind(tensor_info(i.name, i.type)) for i in b.inputs}), index)
+            for o in outputs:
+                scope[o.name] = _Binding(o, index, op.type == "const", const_bytes)
+
+    visit(block, ChainMap({n: bind(i) for n, i in function_inputs.items()}), None)
+    return records

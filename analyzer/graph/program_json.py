@@ -1,0 +1,82 @@
+"""A walked program as compact JSON and back, checking every field on the way in.
+
+Compact because a full-size program has ~4,600 ops: a tensor is ``[name, shape, dtype, nbytes]``, an input
+``[param, tensor, producer, is_const, stored_bytes]``, an op ``[type, name, layer, layer_from, inputs, outputs,
+const_bytes, tile_kind, const_zero, parent]`` (schema 2; schema 1 had no ``parent``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.graph.jsonfields import Field
+from analyzer.graph.program import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
+
+OP_FIELDS_V1 = 9
+OP_FIELDS = 10
+
+
+def _tensor_json(t: TensorInfo) -> list[Any]:
+    return [t.name, list(t.shape), t.dtype, t.nbytes]
+
+
+def _tensor(f: Field) -> TensorInfo:
+    v = f.value  # the common, well-formed case without a Field per element (a full-size program has ~10^4)
+    if (type(v) is list and len(v) == 4 and type(v[0]) is str and type(v[1]) is list and type(v[2]) is str
+            and all(d is None or (type(d) is int and d >= 0) for d in v[1])
+            and (v[3] is None or (type(v[3]) is int and v[3] >= 0))):
+        t = TensorInfo(v[0], tuple(v[1]), v[2], v[3])
+        if t.nbytes == tensor_nbytes(t.shape, t.dtype) or tensor_nbytes(t.shape, t.dtype) is None:
+            return t
+    name, shape, dtype, nbytes = f.list(4)
+    dims = tuple(None if d.value is None else d.count() for d in shape.list())
+    t = TensorInfo(name.str(), dims, dtype.str(), None if nbytes.value is None else nbytes.count())
+    expected = tensor_nbytes(t.shape, t.dtype)
+    if expected is not None and t.nbytes != expected:
+        nbytes.fail(f"{t.nbytes} bytes, but {t.shape_text} {t.dtype} is {expected} bytes")
+    return t
+
+
+def program_to_json(program: MilProgram) -> dict[str, Any]:
+    return {
+        "path": program.path,
+        "function": program.function,
+        "opset": program.opset,
+        "spec_version": program.spec_version,
+        "inputs": [_tensor_json(t) for t in program.inputs],
+        "states": [_tensor_json(t) for t in program.states],
+        "outputs": [_tensor_json(t) for t in program.outputs],
+        "ops": [
+            [op.type, op.name, op.layer, op.layer_from,
+             [[r.param, _tensor_json(r.tensor), r.producer, r.is_const, r.stored_bytes] for r in op.inputs],
+             [_tensor_json(t) for t in op.outputs], op.const_bytes, op.tile_kind, op.const_zero, op.parent]
+            for op in program.ops
+        ],
+    }
+
+
+def _op(i: int, f: Field, n_fields: int) -> OpRecord:
+    row = f.list(n_fields)
+    refs = []
+    for r in row[4].list():
+        param, tensor, producer, is_const, stored = r.list(5)
+        p = producer.opt_int()
+        if p is not None and not 0 <= p < i:
+            producer.fail(f"op {i} reads op {p}, which does not come before it")
+        refs.append(InputRef(param.str(), _tensor(tensor), p, is_const.bool(), stored.count()))
+    outputs = tuple(_tensor(t) for t in row[5].list())
+    if not outputs and (row[0].value == "const" or row[0].value == "tile"):
+        row[5].fail(f"a {row[0].value} op without an output")
+    parent = row[9].opt_int() if n_fields > 9 else None
+    if parent is not None and not 0 <= parent < i:
+        row[9].fail(f"op {i} is nested in op {parent}, which does not come before it")
+    return OpRecord(i, row[0].str(), row[1].str(), row[2].opt_int(), row[3].str(), tuple(refs), outputs,
+                    row[6].count(), row[7].opt_str(), row[8].bool(), parent)
+
+
+def program_from_json(f: Field, schema_version: int) -> MilProgram:
+    """The program of a stored analysis; ``schema_version`` 1 rows have no ``parent``."""
+    n_fields = OP_FIELDS_V1 if schema_version == 1 else OP_FIELDS
+    ops = tuple(_op(i, op, n_fields) for i, op in enumerate(f["ops"].list()))
+    return MilProgram(f["path"].str(), f["function"].str(), f["opset"].str(), f["spec_version"].count(),
+                      *(tuple(_tensor(t) for t in f[k].list()) for k in ("inputs", "states", "outputs")), ops)

@@ -1,0 +1,110 @@
+"""Decode and prefill of A and B side by side on a device's two roofs: tiles, bytes, FLOPs, the bound, time per
+call, time to first token, and the roofline chart. The A/B page calls :func:`ab_section` from its tab."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import streamlit as st
+
+from analyzer import fmt
+from analyzer.device.profiles import load_profiles
+from analyzer.device.roofline import Roof, time_to_first_token
+from analyzer.errors import QfoldError
+from analyzer.fmt import MB, MIB
+from analyzer.graph.record import Analysis
+from analyzer.model.prefill import PHASES
+from analyzer.report import roofline_figures as rf
+from analyzer.report.catalog import AnalysisRef, phase_sibling
+from app_pages import shared
+
+DEFAULT_ROOF_PROFILE = "m5-ane"  # both roofs measured (ANEMLL): examples/device_profiles.csv
+DEFAULT_PROMPT_TOKENS = 512
+
+
+def _side(ref: AnalysisRef, refs: Sequence[AnalysisRef]) -> tuple[list[Analysis], list[str]]:
+    """The decode and prefill analyses of one side (those that exist) and the phases it lacks."""
+    found, missing = [], []
+    for phase in PHASES:
+        sibling = phase_sibling(ref, phase, refs)
+        if sibling is None:
+            missing.append(phase)
+        else:
+            found.append(shared.load(sibling))
+    return found, missing
+
+
+def _display(frame: pd.DataFrame) -> pd.DataFrame:
+    """The phase table in MiB, GFLOP and ms for the screen (the CSV keeps bytes, FLOPs and seconds)."""
+    return pd.DataFrame({
+        "side": frame["side"], "phase": frame["phase"], "tokens/call": frame["tokens_per_call"],
+        "KV tiles": frame["kv_replication_tiles"], "MiB/call": frame["bytes_per_call"] / MIB,
+        "MB/token": frame["bytes_per_token"] / MB, "GFLOP/call": frame["flops_per_call"] / 1e9,
+        "GFLOP/token": frame["flops_per_token"] / 1e9, "FLOP/byte": frame["intensity_flops_per_byte"],
+        "bound": frame["bound"], "ms/call": frame["time_per_call_s"] * 1e3, "tok/s": frame["tok_per_s"],
+    })
+
+
+def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: str,
+               refs: Sequence[AnalysisRef]) -> None:
+    st.markdown("Each function of A and B on a device's two roofs: time per call = max(bytes ÷ BW, FLOPs ÷ peak), "
+                "the larger term naming the bound. Decode reads every weight for one token (memory-bound); a prefill "
+                "call reads them once for N prompt tokens, so its FLOPs per byte grow with N until compute binds.")
+    profiles = {k: p for k, p in load_profiles().items() if p.has_compute_roof}
+    c1, c2, c3, c4 = st.columns([4, 2, 2, 2], vertical_alignment="bottom")
+    with c1:
+        key = shared.persisted_selectbox("Device roofs", list(profiles), "ab_roof_profile",
+                                         default=DEFAULT_ROOF_PROFILE, format_func=lambda k: profiles[k].label)
+    profile = profiles[key]
+    bw_gb_s = c2.number_input("Bandwidth (GB/s)", min_value=0.1, max_value=10_000.0,
+                              value=profile.bytes_per_s / 1e9, key=f"ab_roof_bw_{key}",
+                              help=f"{profile.kind}: {profile.source}. GB = 10^9 bytes. Edit to try another device.")
+    peak_tflops = c3.number_input("Peak (TFLOP/s)", min_value=0.01, max_value=10_000.0,
+                                  value=(profile.flops_per_s or 0) / 1e12, key=f"ab_roof_peak_{key}",
+                                  help=f"{profile.flops_kind}: {profile.flops_source}")
+    prompt = int(c4.number_input("Prompt tokens (TTFT)", min_value=1, max_value=1 << 20,
+                                 value=DEFAULT_PROMPT_TOKENS, step=64, key="ab_roof_prompt"))
+    edited = (bw_gb_s * 1e9 != profile.bytes_per_s) or (peak_tflops * 1e12 != profile.flops_per_s)
+    roof = Roof(f"{profile.device}, {profile.unit}" + (" (edited)" if edited else ""), bw_gb_s * 1e9,
+                peak_tflops * 1e12)
+    try:
+        (found_a, missing_a), (found_b, missing_b) = _side(ref_a, refs), _side(ref_b, refs)
+    except QfoldError as e:
+        st.error(f"Cannot load a phase of A or B: {e}")
+        return
+    points = rf.phase_points("A", label_a, found_a, roof) + rf.phase_points("B", label_b, found_b, roof)
+    for side, missing in (("A", missing_a), ("B", missing_b)):
+        if "prefill" in missing:
+            st.info(f"{side} has no prefill analysis of the same model and variant: build one with "
+                    "`python -m analyzer build ... --phase decode+prefill --q-len 64` (one package, shared weights) "
+                    "or `--phase prefill`, or on the Builds page.", icon=":material/info:")
+        if "decode" in missing:
+            st.info(f"{side} has no decode analysis of the same model and variant.", icon=":material/info:")
+    frame = rf.phase_frame(points)
+    st.markdown(f"**Decode and prefill side by side** on {roof.label}: {fmt.bandwidth(roof.bytes_per_s)}, "
+                f"{roof.flops_per_s / 1e12:,.2f} TFLOP/s, ridge at {roof.ridge_flops_per_byte:,.0f} FLOP/byte. "
+                "Per token = per call ÷ tokens per call (per prompt token for a prefill).")
+    shared.table_with_download(frame, "ab_phases_csv", "decode_prefill_roofline.csv", display=_display(frame),
+                               caption="KV tiles = kv_replication tiles; bytes are logical (MIL shapes); FLOPs: a "
+                                       "multiply-add = 2 (conventions in analyzer/graph/flops.py).")
+    if len(frame):
+        st.plotly_chart(rf.roofline_figure(frame, roof), key="ab_roofline_chart")
+    ttft = []
+    for side, label in (("A", label_a), ("B", label_b)):
+        calls = {p.call.phase: p.call for p in points if p.side == side}
+        if calls:
+            ttft.append((side, label, time_to_first_token(prompt, calls.get("prefill"), calls.get("decode"))))
+    if ttft:
+        t = rf.ttft_frame(ttft)
+        st.markdown(f"**Predicted time to first token** for a {prompt:,}-token prompt, and decode tok/s")
+        for row in t.itertuples():
+            decode = next((p.call for p in points if p.side == row.side and p.call.phase == "decode"), None)
+            rate = f"; decode {decode.tok_per_s:,.1f} tok/s ({decode.bound}-bound)" if decode else ""
+            st.markdown(f"- {row.side} ({row.label}): **{row.seconds * 1e3:,.1f} ms** = {row.how}{rate}")
+        st.download_button("Download CSV", shared.frame_csv(t), "time_to_first_token.csv", "text/csv",
+                           key="ab_ttft_csv", icon=":material/download:", on_click="ignore")
+    st.caption(f"Roofs: {profile.source} ({profile.kind}) / {profile.flops_source} ({profile.flops_kind})"
+               + (" — edited here." if edited else ".")
+               + " A roofline is a bound, not a measurement: dispatch overheads and kernels that reach neither roof "
+                 "make a device slower.")

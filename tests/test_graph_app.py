@@ -1,0 +1,73 @@
+"""AppTest: the A/B page opens on the A/B the shipped device log measured (the top8 pair, measured 20.39 → 54.30
+tok/s beside the predicted figures), the fp16 pair is one click away, and the Graph tab draws a layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, predicted_tok_per_s
+from analyzer.graph.record import load_analysis
+from analyzer.report.catalog import SHIPPED_DIR, shipped_analyses
+
+APP = Path(__file__).resolve().parent.parent / "app.py"
+TOP8 = ("shipped:exaone-4.0-1.2b-repeat_kv-state-ctx4096-top8", "shipped:exaone-4.0-1.2b-qfold-state-ctx4096-top8")
+FP16 = ("shipped:exaone-4.0-1.2b-repeat_kv-state-ctx4096", "shipped:exaone-4.0-1.2b-qfold-state-ctx4096")
+MEASURED = "measured tok/s (device logs)"
+
+pytestmark = pytest.mark.skipif(not {"repeat_kv", "qfold"} <= set(shipped_analyses()),
+                                reason="analyzer/shipped/ lacks the default analyses")
+
+
+def _open(**state) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _predicted(ref_id: str) -> float:
+    analysis = load_analysis(SHIPPED_DIR / f"{ref_id.removeprefix('shipped:')}.analysis.json")
+    return predicted_tok_per_s(WRITEUP_AB_IPHONE.bytes_per_s, analysis.bytes_per_token.total)
+
+
+def test_first_screen_is_the_measured_top8_pair_and_fp16_is_one_click_away(builds_root):
+    at = _open()
+    assert (at.session_state["ab_a"], at.session_state["ab_b"]) == TOP8
+    metrics = {m.label: m for m in at.metric}
+    assert metrics[MEASURED].value == "20.39 → 54.30"  # examples/writeup_device_logs.csv, the write-up's A/B
+    assert metrics[MEASURED].delta == "×2.66 measured"
+    predicted = metrics["predicted tok/s at 55,900 MB/s"]
+    assert predicted.value == f"{_predicted(TOP8[0]):.1f} → {_predicted(TOP8[1]):.1f}"  # 17.6 → 48.1 (×2.73)
+    assert metrics["tile ops, A → B"].value == "60 → 0"
+
+    at.button(key="ab_switch").click().run()
+    assert not at.exception
+    assert (at.session_state["ab_a"], at.session_state["ab_b"]) == FP16
+    metrics = {m.label: m for m in at.metric}
+    assert MEASURED not in metrics  # the logs measured no fp16 A/B
+    assert metrics["predicted tok/s at 55,900 MB/s"].delta.startswith("×1.70")
+    assert at.button(key="ab_switch").label == "Back to the measured pair"
+    at.button(key="ab_switch").click().run()
+    assert (at.session_state["ab_a"], at.session_state["ab_b"]) == TOP8
+
+
+def test_graph_tab_shows_the_structural_diff_and_a_layer(builds_root):
+    at = _open(ab_tab="Graph")
+    assert any("layers 0–29 differ only in attention: −2 tile, −2 expand_dims, −4 const each" in m.value
+               for m in at.markdown)
+    table = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    assert list(table["layer"])[:2] == ["0", "1"] and list(table["delta_ops"])[:30] == [-8] * 30
+    assert at.selectbox(key="ab_graph_layer").value == "0"
+    at.selectbox(key="ab_graph_layer").set_value("outside").run()
+    assert not at.exception
+    nodes = next(d.value for d in at.dataframe if "node" in d.value.columns)
+    assert set(nodes["side"]) == {"A", "B"} and "gather" in set(nodes["title"])
+    at.segmented_control(key="ab_graph_mode").set_value("B only").run()
+    assert not at.exception
+    nodes = next(d.value for d in at.dataframe if "node" in d.value.columns)
+    assert set(nodes["side"]) == {"B"} and "tile" not in set(nodes["title"])  # the qfold program alone

@@ -1,0 +1,62 @@
+"""The Device logs page's paste box and label fields, through Streamlit's AppTest (no browser).
+
+A paste is read exactly as an upload: same detection, same per-row errors, and nothing written to disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.test_app import open_page, texts
+
+REPO = Path(__file__).resolve().parent.parent
+README_TABLE = (REPO / "examples" / "llama_bench_readme.md").read_text(encoding="utf-8")
+PAGE = "app_pages/device_logs.py"
+
+
+def accepted_frame(at):
+    return next(d.value for d in at.dataframe if "tok_per_s" in d.value.columns and "line" in d.value.columns)
+
+
+def paste(at, text: str):
+    at.text_area(key="logs_paste_text").input(text).run()
+    at.button(key="logs_paste_add").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_pasting_the_readme_table_gives_its_tg_rate_as_a_decode_run(tiny_builds, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything written to disk would land here
+    at = paste(open_page(PAGE), README_TABLE)
+    assert at.session_state["logs_files"] == [("pasted text 1", README_TABLE.encode())]
+    frame = accepted_frame(at)
+    decode = frame[frame["phase"] == "decode"]
+    assert list(decode["tok_per_s"]) == [197.71] and list(decode["context_length"]) == [128]
+    assert list(frame[frame["phase"] == "prefill"]["tok_per_s"]) == [5765.41]
+    files = next(d.value for d in at.dataframe if "format" in d.value.columns)
+    assert list(files["format"]) == ["llama-bench-md"]
+    assert "phase: from the llama-bench test" in files["derived fields"][0]
+    assert not at.error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_paste_is_refused_per_row_like_an_upload(tiny_builds):
+    broken = README_TABLE.replace("197.71 ± 0.81", "197,71 ± 0.81")
+    at = paste(open_page(PAGE), broken)
+    issues = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    errors = issues[issues["severity"] == "error"]
+    where = list(zip(errors["file"], errors["row (line)"], errors["column"], strict=True))
+    assert where == [("pasted text 1", 4, "t/s")]
+    assert list(accepted_frame(at)["phase"]) == ["prefill"]  # the other row stays
+
+
+def test_the_label_fields_name_the_device_and_build_of_runner_output(tiny_builds):
+    runner = (REPO / "tests" / "data" / "logs" / "mlx_lm_generate.txt").read_text(encoding="utf-8")
+    at = paste(open_page(PAGE), runner)
+    at.text_input(key="logs_device_input").input("MacBook Pro M3 Max").run()
+    at.text_input(key="logs_label_input").input("qwen2.5-0.5b-4bit\u200b").run()
+    frame = accepted_frame(at)
+    assert set(frame["device"]) == {"MacBook Pro M3 Max"} and set(frame["build"]) == {"qwen2.5-0.5b-4bit"}
+    assert not any("stands in" in w for w in texts(at.warning))
+    labels = [s.label for s in at.selectbox]
+    assert "qwen2.5-0.5b-4bit" in labels  # the label can be mapped to an analysis
