@@ -2,27 +2,24 @@
 type, name, layer, inputs (shapes, dtypes, producers, stored bytes), outputs, const bytes, tile kind and zero
 flag, hence identical op counts, tiles and bytes by category, layer and op. On the structure config through
 the build child (an A/B in one process), on 2-layer full-width configs of three families, and compressed with
-every preset on the structure config."""
+every preset on the structure config; prefill and decode+prefill (one analysis per function) on the tiny config."""
 
 import pytest
 import torch
 
 from analyzer.build.builds import ANALYSIS_MODE, PACKAGE_NAME, BuildSpec, run_builds
-from analyzer.build.compress import compression_report, needs_untie, parse_spec
+from analyzer.build.compress import needs_untie, parse_spec
 from analyzer.build.step import convert_step, trace_step
 from analyzer.build.valuefree import compress_program, to_program, walk_program
 from analyzer.graph.accounting import account
+from analyzer.graph.compression import compression_report
 from analyzer.graph.mil import read_program
-from analyzer.graph.record import load_program
-from analyzer.model.decode import (
-    DecodeStep,
-    assign_value_free_weights_,
-    build_model,
-    build_value_free_model,
-    untie_embeddings_,
-    zero_pages,
-)
+from analyzer.graph.record import function_analysis_files, read_analysis_file
+from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
+from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model, zero_pages
+
+from .conftest import TINY_CTX, TINY_OVERRIDES, TINY_Q_LEN
 
 pytestmark = pytest.mark.conversion
 
@@ -114,7 +111,7 @@ def test_compressed_structure_build_analyses_identically(preset, tmp_path):
     assert {op.type for op in a.ops if op.name in renamed} <= {"read_state", "greater_equal", "add", "select", "const"}
     assert len(renamed) <= 2 * 30 + 6
     assert not any(r.is_const and r.stored_bytes > 1024 for op in a.ops if op.name in renamed for r in op.inputs)
-    assert compression_report(a)["compressed_count"] == 30 * 7 + 2  # every projection, embedding, lm_head
+    assert compression_report(a).compressed_count == 30 * 7 + 2  # every projection, embedding, lm_head
 
 
 # ------------------------------------------------------------------------------------------------- build child
@@ -128,20 +125,45 @@ def analysis_structure_builds(builds_root):
 def test_structure_ab_in_one_process_equals_the_materialised_builds(analysis_structure_builds, structure_builds):
     keys = [p.name for p in analysis_structure_builds.values()]
     for variant, path in analysis_structure_builds.items():
-        program, doc = load_program(path)
-        materialised, mdoc = load_program(structure_builds[variant])
-        assert_same_analysis(program, materialised)
-        assert doc["summary"] == mdoc["summary"] and doc["bytes"] == mdoc["bytes"]
-        assert doc["build_mode"] == ANALYSIS_MODE and mdoc["build_mode"] == "materialised"
-        assert doc["built_together"] == keys  # both variants converted by one child
-        assert not (path / PACKAGE_NAME).exists() and doc["package_bytes"] is None
-        assert doc["program"]["path"] == ""
+        a, m = read_analysis_file(path), read_analysis_file(structure_builds[variant])
+        assert_same_analysis(a.program, m.program)
+        assert a.summary == m.summary and a.bytes_per_token == m.bytes_per_token
+        assert a.build.build_mode == ANALYSIS_MODE and m.build.build_mode == "materialised"
+        assert a.build.extra["built_together"] == keys  # both variants converted by one child
+        assert not (path / PACKAGE_NAME).exists() and a.build.package_bytes is None
+        assert a.program.path == "" and a.build.spec.to_json()["build_mode"] == ANALYSIS_MODE
 
 
 def test_equivalence_is_checked_on_a_reduced_materialised_model_and_says_so(analysis_structure_builds):
-    eq = load_program(analysis_structure_builds["qfold"])[1]["equivalence"]
-    assert eq["checked_on"]["model"] == "reduced"
-    assert "num_hidden_layers=2" in eq["checked_on"]["overrides"]
-    assert eq["checked_on"]["weights"].startswith("random")
-    pairs = {p["dtype"]: p for p in eq["pairs"]}
-    assert pairs["fp16"]["bit_identical"] and pairs["fp32"]["greedy_agree_steps"] == 8
+    b = read_analysis_file(analysis_structure_builds["qfold"]).build
+    torch_check = b.check("torch_variants")
+    assert torch_check.checked and torch_check.bit_identical and not torch_check.covers_package_weights
+    assert "reduced model" in torch_check.weights and "num_hidden_layers=2" in torch_check.weights
+    assert "random weights" in torch_check.weights
+    pairs = {p.dtype: p for p in b.equivalence.pairs}
+    assert pairs["fp16"].bit_identical and pairs["fp32"].greedy_agree_steps == 8
+    interp = b.check("interpreter_vs_torch")  # no package, no values: recorded as not run, never faked
+    assert interp is not None and not interp.checked and interp.max_abs_diff is None
+    assert "analysis-mode" in interp.note and "--mode materialised" in interp.note
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode+prefill"])
+def test_prefill_builds_analyse_identically_per_function(phase, builds_root, tiny_phase_builds):
+    """A prefill build and a decode+prefill build (two functions) in analysis mode: one analysis per function,
+    each equal to the materialised package's function (the materialised prefill-only build is made here)."""
+    from analyzer.build.builds import run_build
+
+    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    spec = BuildSpec(source, "repeat_kv", "state", TINY_CTX, phase=phase, q_len=TINY_Q_LEN)
+    analysis = run_build(BuildSpec(source, "repeat_kv", "state", TINY_CTX, phase=phase, q_len=TINY_Q_LEN,
+                                   build_mode=ANALYSIS_MODE), builds_root).path
+    materialised = tiny_phase_builds["repeat_kv"] if phase == "decode+prefill" else run_build(spec, builds_root).path
+    files_a, files_m = function_analysis_files(analysis), function_analysis_files(materialised)
+    assert [f.name for f in files_a] == [f.name for f in files_m]
+    for fa, fm in zip(files_a, files_m, strict=True):
+        a, m = read_analysis_file(fa), read_analysis_file(fm)
+        assert a.function == m.function
+        assert_same_analysis(a.program, m.program)
+        assert a.flops.per_token() == m.flops.per_token()
+        assert a.build.check("torch_variants").checked
+    assert not (analysis / PACKAGE_NAME).exists()

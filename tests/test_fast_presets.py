@@ -9,9 +9,10 @@ from analyzer.build.step import convert_step, trace_step
 from analyzer.build.valuefree import to_program, walk_program
 from analyzer.graph.accounting import account
 from analyzer.graph.mil import read_program
-from analyzer.model.decode import DecodeStep, assign_value_free_weights_, build_model, build_value_free_model
+from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.equivalence import check_equivalence
 from analyzer.model.sources import geometry_of, load_config, resolve_source
+from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
 
 LARGE = ["mistral-7b-v0.3", "llama-3.1-8b", "qwen2.5-7b"]
 NEW = ["llama-3.1-8b", "qwen2.5-7b"]
@@ -114,11 +115,11 @@ def test_full_size_ab_in_analysis_mode(preset, tmp_path):
     specs = [BuildSpec(source, v, "state", 4096, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold")]
     docs = {s.variant: load_analysis(r.path) for s, r in zip(specs, run_builds(specs, tmp_path), strict=True)}
     for doc in docs.values():
-        assert doc["bytes"]["bytes_per_token"]["weights"] == weight_bytes_per_token(cfg)
+        assert doc.bytes_per_token.weights == weight_bytes_per_token(cfg)
     tile = g.num_q_heads * 4096 * g.head_dim * 2
-    assert docs["repeat_kv"]["summary"]["tile_count"] == 2 * g.num_layers
-    assert docs["repeat_kv"]["summary"]["tile_output_bytes"] == 2 * g.num_layers * tile
-    assert docs["qfold"]["summary"]["tile_count"] == 0
+    assert docs["repeat_kv"].summary.tile_count == 2 * g.num_layers
+    assert docs["repeat_kv"].summary.tile_output_bytes == 2 * g.num_layers * tile
+    assert docs["qfold"].summary.tile_count == 0
 
 
 @pytest.mark.full
@@ -134,6 +135,6 @@ def test_full_size_default_ab_in_analysis_mode_equals_the_shipped_analyses(tmp_p
     specs = [BuildSpec(source, v, "state", 4096, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold")]
     for spec, result in zip(specs, run_builds(specs, tmp_path), strict=True):
         doc, shipped = load_analysis(result.path), load_shipped(spec.variant)
-        assert doc["bytes"]["bytes_per_token"] == shipped["bytes"]["bytes_per_token"], spec.variant
-        assert doc["bytes"]["bytes_by_layer"] == shipped["bytes"]["bytes_by_layer"], spec.variant
-        assert doc["summary"]["op_counts"] == shipped["summary"]["op_counts"], spec.variant
+        assert doc.bytes_per_token == shipped.bytes_per_token, spec.variant
+        assert doc.bytes_by_layer == shipped.bytes_by_layer, spec.variant
+        assert doc.summary.op_counts == shipped.summary.op_counts, spec.variant

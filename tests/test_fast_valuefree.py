@@ -12,15 +12,15 @@ import torch
 from analyzer.build.builds import ANALYSIS_MODE, BUILD_MODES, MATERIALISED_MODE, BuildSpec
 from analyzer.build.valuefree import BLOB_DTYPES, HeaderOnlyBlobWriter, _stand_in
 from analyzer.errors import QfoldError
-from analyzer.model.decode import (
+from analyzer.model.decode import untie_embeddings_
+from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
+from analyzer.model.valuefree import (
     assign_value_free_weights_,
     build_value_free_model,
     reduced_source,
-    untie_embeddings_,
     value_free_constant,
     zero_pages,
 )
-from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
 
 from .conftest import TINY_OVERRIDES
 
@@ -140,3 +140,27 @@ def test_build_mode_is_part_of_the_key_and_of_the_spec():
     assert set(BUILD_MODES) == {ANALYSIS_MODE, MATERIALISED_MODE}
     with pytest.raises(QfoldError, match="build mode 'fast'"):
         BuildSpec(src, "qfold", "state", 256, build_mode="fast")
+
+
+def test_stored_spec_records_the_mode_and_old_documents_read_as_materialised():
+    from analyzer.graph.buildinfo import StoredSpec
+    from analyzer.graph.jsonfields import Field
+
+    src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    stored = BuildSpec(src, "qfold", "state", 256, build_mode=ANALYSIS_MODE).stored()
+    assert stored.build_mode == ANALYSIS_MODE and stored.to_json()["build_mode"] == ANALYSIS_MODE
+    assert StoredSpec.from_json(Field(stored.to_json(), "spec")) == stored
+    legacy = {k: v for k, v in stored.to_json().items() if k != "build_mode"}  # schema 1 and early schema 2
+    assert StoredSpec.from_json(Field(legacy, "spec")).build_mode == MATERIALISED_MODE
+    with pytest.raises(QfoldError, match=r"build_mode.*expected one of analysis, materialised, got 'fast'"):
+        StoredSpec.from_json(Field({**legacy, "build_mode": "fast"}, "spec"))
+
+
+def test_a_fold_build_is_never_made_from_value_free_weights(tmp_path):
+    from analyzer.build.fold import build_folded
+    from analyzer.errors import FoldError
+
+    src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    with pytest.raises(FoldError, match="needs weight values"):
+        build_folded(BuildSpec(src, "repeat_kv", "state", 256, build_mode=ANALYSIS_MODE), tmp_path)
+    assert not any(tmp_path.iterdir())

@@ -13,7 +13,7 @@ so the pair costs less than two. Per build mode (``analyzer.build.builds.BUILD_M
   the decode function in the MIL interpreter against torch → ``analysis.json``.
 
 The numerical equivalence of the variants is checked on a reduced model of the same attention geometry
-(``decode.reduced_source``: 2 layers, random weights) in a worker process beside the conversions, cached under
+(``model.valuefree.reduced_source``: 2 layers, random weights) in a worker process beside the conversions, cached under
 ``builds/.equivalence/``; every build's ``torch_variants`` check says which model it ran on. The child reports
 progress as ``@@qfold {json}`` lines on stdout, holds the per-key and machine-wide locks itself (so they are
 released only when the work really stops), writes each build into ``.tmp-<key>-<pid>/`` and renames it into

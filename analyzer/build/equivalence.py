@@ -11,7 +11,7 @@ variant decoded in torch, fp32 and fp16, on the same uncompressed weights) plus 
 ``folded_vs_original``   folded vs original, both packages in the MIL interpreter, the same stored weights
 =======================  ==================================================================================
 
-The torch report is computed on a reduced model of the build's attention geometry (``decode.reduced_source``:
+The torch report is computed on a reduced model of the build's attention geometry (``model.valuefree.reduced_source``:
 2 layers, random weights; :class:`ReducedEquivalences`, in a worker process beside the conversion), never on
 value-free weights (equal constants make every head alike, so a wrong head mapping would pass). It is shared by
 every build of one geometry, KV mode, ctx and phase (not by variant, build mode or compression), and the
@@ -157,7 +157,7 @@ def interpreter_check(package, spec, tokens: list[int], reference, function: str
 def _equivalence_key(spec: BuildSpec) -> tuple[str, str]:
     """(digest, description) of what a single-phase spec's equivalence check depends on: the reduced source, KV
     mode, ctx, phase (steps or q_len) and tool versions; not the variant, the build mode nor the compression."""
-    from analyzer.model.decode import reduced_source
+    from analyzer.model.valuefree import reduced_source
 
     reduced = reduced_source(spec.source)
     fingerprint = {"source": reduced.fingerprint(), "kv_mode": spec.kv_mode, "ctx": spec.ctx,
@@ -170,7 +170,7 @@ def _equivalence_key(spec: BuildSpec) -> tuple[str, str]:
 
 def reduced_weights_text(source) -> str:
     """Which weights an equivalence check on ``reduced_source(source)`` ran on (for the check record)."""
-    from analyzer.model.decode import reduced_source
+    from analyzer.model.valuefree import reduced_source
 
     reduced = reduced_source(source)
     return (f"a reduced model of the same attention geometry ({', '.join(reduced.overrides)}; random weights, seed "
@@ -179,14 +179,15 @@ def reduced_weights_text(source) -> str:
 
 def check_reduced_equivalence(spec_json: dict) -> dict:
     """The variants' numerical equivalence for a single-phase spec's attention geometry, KV mode and ctx,
-    checked on the reduced model (``decode.reduced_source``), never on value-free weights. Runs in a worker
+    checked on the reduced model (``model.valuefree.reduced_source``), never on value-free weights. Runs in a worker
     process; returns ``equivalence_json`` of the report."""
     import torch
 
     from analyzer import quiet_coremltools
     from analyzer.graph.buildinfo import equivalence_json
-    from analyzer.model.decode import build_model, reduced_source
+    from analyzer.model.decode import build_model
     from analyzer.model.equivalence import check_equivalence, check_prefill_equivalence
+    from analyzer.model.valuefree import reduced_source
 
     quiet_coremltools()
     torch.set_num_threads(1)  # the conversion runs beside it

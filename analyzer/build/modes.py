@@ -151,9 +151,9 @@ def analysis_group(group: list[BuildSpec], out_dirs, equivalences: ReducedEquiva
     from analyzer.build.equivalence import interpreter_not_run
     from analyzer.build.step import trace_step
     from analyzer.build.valuefree import compress_program, to_program, walk_program
-    from analyzer.model.decode import assign_value_free_weights_, build_value_free_model
     from analyzer.model.prefill import phases_of
     from analyzer.model.sources import geometry_of, load_config
+    from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
 
     src = group[0].source
     geometry = geometry_of(load_config(src))

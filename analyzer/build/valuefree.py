@@ -4,10 +4,10 @@ What qfold analyses (op counts, tiles, bytes by category, layer and op, compress
 shapes, dtypes and which consts exist, never on weight values; only a runnable package and a numerical check
 need them (design.md, "Second stage"). A value-free build:
 
-1. builds the torch model with every parameter a zero placeholder (``decode.build_value_free_model``) and
+1. builds the torch model with every parameter a zero placeholder (``model.valuefree.build_value_free_model``) and
    traces it: a forward over zero pages costs no memory;
 2. turns every parameter into a zero-stride fp16 view of one constant per tensor
-   (``decode.assign_value_free_weights_``), which the trace shares, and converts with
+   (``model.valuefree.assign_value_free_weights_``), which the trace shares, and converts with
    ``convert_to="milinternal"``: the torch frontend and coremltools' passes carry the views as views (measured:
    a 330M-parameter toy converts in 3.3 s / 0.61 GB instead of 24 s / 6.1 GB);
 3. runs the ``backend_mlprogram`` pipeline that ``convert_to="mlprogram"`` would run (:func:`to_program`);

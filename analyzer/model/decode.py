@@ -20,7 +20,6 @@ Not covered: multi-head latent attention caches, attention sinks (``s_aux``), hy
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,8 @@ import torch
 from torch import nn
 
 from analyzer.errors import SourceError
-from analyzer.model.sources import AttentionGeometry, ModelSource, geometry_of, load_config
+from analyzer.model.sources import AttentionGeometry, ModelSource, geometry_of
+from analyzer.model.valuefree import empty_model, zero_pages
 from analyzer.model.variants import KV_MODES, VARIANTS, get_variant
 
 # Masked slots get a large negative fp16-safe value (fp16 max is 65504; -inf would turn 0·inf into NaN).
@@ -77,89 +77,16 @@ def _load_safetensors_(model: nn.Module, source: ModelSource) -> None:
         raise SourceError(f"{source.ref}: safetensors files lack {len(missing)} tensors, e.g. {missing[:3]}")
 
 
-def _empty_model(source: ModelSource, dtype: torch.dtype) -> nn.Module:
-    """The ``*ForCausalLM`` of a source with its parameters allocated in ``dtype`` but never written
-    (``no_init_weights``), its buffers (RoPE tables, embedding scales) computed as usual, weights tied."""
-    from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
-
-    config = load_config(source)
-    config._attn_implementation = "eager"
-    try:
-        with no_init_weights():
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    except ValueError as e:
-        raise SourceError(f"model_type={config.model_type!r} has no causal-LM class in transformers: {e}") from e
-    model.tie_weights()  # no_init_weights skips the init that would tie them
-    return model
-
-
 def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The ``*ForCausalLM`` for a source: real weights when the source has safetensors, else seeded random,
     built directly in ``dtype`` (an fp16 build never holds an fp32 copy). Buffers are cast to ``dtype`` too,
     as ``Module.to`` would."""
-    model = _empty_model(source, dtype)
+    model = empty_model(source, dtype)
     if source.has_real_weights:
         _load_safetensors_(model, source)
     else:
         _fill_random_(model, source.seed)
     return model.to(dtype).eval()
-
-
-def parameter_count(source: ModelSource) -> int:
-    """Parameters of a source's model (a tied embedding/lm_head once), counted on transformers' model built on
-    the meta device: shapes only, no memory."""
-    from transformers import AutoModelForCausalLM
-
-    config = load_config(source)
-    config._attn_implementation = "eager"
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
-
-
-# ------------------------------------------------------------------------------------------------- value-free
-def zero_pages(shape, dtype: torch.dtype = torch.float16) -> torch.Tensor:
-    """A tensor backed by a private anonymous memory map that nothing has written: it reads as zeros and the
-    kernel maps its shared zero page until a page is written, so reading it adds nothing to the resident set
-    however large it is (measured: a 1 GiB read, +0 GB RSS). Private, not ``mmap``'s default shared mapping:
-    a shared anonymous map is shmem, whose read faults allocate real pages."""
-    import mmap
-
-    n = max(1, math.prod(shape))
-    size = n * torch.empty((), dtype=dtype).element_size()
-    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return torch.frombuffer(buf, dtype=dtype, count=n).view(tuple(shape))
-
-
-def build_value_free_model(source: ModelSource) -> nn.Module:
-    """The fp16 ``*ForCausalLM`` of a source with every parameter a zero placeholder (:func:`zero_pages`) and
-    its buffers real. Trace it as is (a forward over zeros costs no memory), then call
-    :func:`assign_value_free_weights_` before converting. Real safetensors weights are not read."""
-    model = _empty_model(source, torch.float16)
-    for p in model.parameters():  # tied parameters are yielded once
-        p.requires_grad_(False)
-        p.data = zero_pages(p.shape)
-    return model.to(torch.float16).eval()  # buffers (e.g. RoPE inv_freq) to fp16, as build_model does
-
-
-def value_free_constant(index: int) -> float:
-    """The value every element of the ``index``-th parameter takes in a value-free build: 2^-7·(1 + j/1024)
-    for j = index mod 1024 (exact in fp16, whose spacing in [2^-7, 2^-6) is 2^-17), one binade up per 1024
-    tensors. Distinct per tensor, so ``common::const_deduplication`` merges nothing it would not merge in a
-    random-weight build; never 0 or 1, so ``common::noop_elimination`` cannot drop a real multiply or add;
-    small, so a traced forward stays finite."""
-    return 2.0 ** (-7 + index // 1024) * (1 + (index % 1024) / 1024)
-
-
-def assign_value_free_weights_(model: nn.Module) -> int:
-    """Make every parameter a zero-stride fp16 view of one constant (:func:`value_free_constant`), in place, so
-    a trace that shares these parameters converts with shape-and-dtype-only weights: 2 bytes per tensor
-    instead of 2 per element. Tied parameters stay one tensor. Returns the number of parameters."""
-    params = list(model.parameters())
-    for i, p in enumerate(params):
-        p.data = torch.full((), value_free_constant(i), dtype=torch.float16).expand(p.shape)
-    return len(params)
 
 
 def untie_embeddings_(model: nn.Module, copy_values: bool = True) -> bool:
@@ -172,39 +99,6 @@ def untie_embeddings_(model: nn.Module, copy_values: bool = True) -> bool:
     head.weight = nn.Parameter(w, requires_grad=False)
     model.config.tie_word_embeddings = False
     return True
-
-
-def reduced_source(source: ModelSource, layers: int = 2, vocab_size: int = 1000, intermediate_size: int = 512,
-                   hidden_size: int = 256) -> ModelSource:
-    """The same attention geometry (query heads, KV heads, head_dim, the family's code) at a size whose
-    materialised fp32 model costs seconds: ``layers`` decoder layers (more when the config's ``layer_types``
-    pattern needs them for every attention kind to occur), a smaller vocabulary and MLP, random weights, and
-    a smaller hidden size when the config states ``head_dim`` (otherwise head_dim = hidden / heads, so the
-    hidden size stays). The numerical equivalence of the variants is checked on this model, never on
-    value-free weights (equal constants make every head alike, so a wrong head mapping would pass)."""
-    from analyzer.model.sources import source_from_fingerprint
-
-    raw = source.config_dict
-    g = geometry_of(load_config(source))
-    types_ = raw.get("layer_types")
-    if isinstance(types_, list) and types_:
-        layers = max(layers, 1 + max(types_.index(t) for t in set(types_)))
-    changes: dict[str, int] = {"num_hidden_layers": min(layers, g.num_layers),
-                               "vocab_size": min(vocab_size, g.vocab_size)}
-    if isinstance(raw.get("intermediate_size"), int):
-        changes["intermediate_size"] = min(intermediate_size, raw["intermediate_size"])
-    if isinstance(raw.get("head_dim"), int):
-        changes["hidden_size"] = min(hidden_size, g.hidden_size)
-    cfg = dict(raw, **changes)
-    if isinstance(types_, list) and types_:
-        cfg["layer_types"] = types_[: changes["num_hidden_layers"]]
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        ids = cfg.get(key)
-        if any(isinstance(i, int) and i >= cfg["vocab_size"] for i in (ids if isinstance(ids, list) else [ids])):
-            cfg[key] = None
-    overrides = tuple(f"{k}={v}" for k, v in changes.items())
-    return source_from_fingerprint("config", f"{source.ref} (reduced)", f"{source.label}-reduced",
-                                   {"config": cfg, "weights": [], "seed": source.seed}, overrides)
 
 
 # ------------------------------------------------------------------------------------------------- attention
