@@ -13,7 +13,7 @@ equivalence check included); wall time and peak RSS of each, as ratios; and the 
 shipped full-size analyses, category by category and op count by op count.
 
 ``materialised``: qfold's materialised build (fp16 torch weights, a runnable package) of the default's Q-fold
-step: what exporting a package from an analysis costs (analyzer/build/costs.py is fitted to it).
+step: what exporting a package from an analysis costs (analyzer/model/cost.py is fitted to it).
 
 ``presets``: the A/B of a preset in analysis mode at each ``--ctx``: wall and peak RSS, per-variant step times,
 weights bytes per token against the analytic figure (2 bytes per parameter, an untied embedding charged for
@@ -143,10 +143,14 @@ def run_plain() -> dict:
             "max_process_rss_bytes": rss.max_process_bytes, "steps_s": steps}
 
 
+def _document(build: Path) -> dict:
+    """A build's ``analysis.json`` as written (the bench records its raw fields)."""
+    return json.loads((build / "analysis.json").read_text())
+
+
 def run_ab(preset: str, ctx: int, keep: Path | None = None) -> tuple[dict, list[dict]]:
     """qfold's analysis-mode A/B (both variants, one child) in a fresh builds folder."""
     from analyzer.build.builds import ANALYSIS_MODE, BuildSpec, run_builds
-    from analyzer.graph.record import load_analysis
     from analyzer.model.sources import resolve_source
 
     source = resolve_source(preset)
@@ -157,7 +161,7 @@ def run_ab(preset: str, ctx: int, keep: Path | None = None) -> tuple[dict, list[
             t0 = time.monotonic()
             results = run_builds(specs, tmp, on_progress=_progress(t0))
             wall = time.monotonic() - t0
-        docs = [load_analysis(r.path) for r in results]
+        docs = [_document(r.path) for r in results]
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             for r in results:
@@ -174,7 +178,8 @@ def run_ab(preset: str, ctx: int, keep: Path | None = None) -> tuple[dict, list[
                "bytes_per_token": d["bytes"]["bytes_per_token"],
                "tile_count": d["summary"]["tile_count"], "tile_output_bytes": d["summary"]["tile_output_bytes"],
                "op_counts": d["summary"]["op_counts"], "total_ops": d["summary"]["total_ops"]} for d in docs},
-           "equivalence_checked_on": docs[0]["equivalence"].get("checked_on")}
+           "equivalence_checked_on": next(c["weights"] for c in docs[0]["equivalence"]["checks"]
+                                          if c["kind"] == "torch_variants")}
     return row, docs
 
 
@@ -182,7 +187,6 @@ def run_materialised(preset: str, ctx: int) -> dict:
     """qfold's materialised build (fp16 torch model, a runnable package) of the Q-fold variant: what exporting
     a package from an analysis costs."""
     from analyzer.build.builds import MATERIALISED_MODE, BuildSpec, run_builds
-    from analyzer.graph.record import load_analysis
     from analyzer.model.sources import resolve_source
 
     spec = BuildSpec(resolve_source(preset), "qfold", "state", ctx, build_mode=MATERIALISED_MODE)
@@ -192,7 +196,7 @@ def run_materialised(preset: str, ctx: int) -> dict:
             t0 = time.monotonic()
             (result,) = run_builds([spec], tmp, on_progress=_progress(t0))
             wall = time.monotonic() - t0
-        doc = load_analysis(result.path)
+        doc = _document(result.path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"preset": preset, "ctx": ctx, "wall_s": round(wall, 1), "peak_rss_tree_bytes": rss.peak_bytes,
