@@ -45,6 +45,10 @@ def test_cli_ab_in_analysis_mode_is_one_child_with_no_package(cli_analysis_ab):
     assert inspect["bytes_per_token"] == docs[0].bytes_per_token.to_json()
     assert inspect["build_mode"] == ANALYSIS_MODE and inspect["spec"]["build_mode"] == ANALYSIS_MODE
     assert "build mode: analysis (value-free weights, no package)" in _cli("inspect", str(a)).stdout
+    for cmd in (("run", str(a), "--steps", "2", "--out", str(a.parent / "out.npz")), ("fold", str(a), "x.mlpackage")):
+        refused = _cli(*cmd)  # nothing to run or fold: said, not a traceback
+        assert refused.returncode == 1 and "an analysis-mode build keeps none" in refused.stderr, refused.stderr
+        assert "--mode materialised" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     again = _cli("reanalyze", str(a))  # no package: the stored ops' facts are derived again, the mode kept
     assert again.returncode == 0, again.stderr
     assert read_analysis_file(a).build.build_mode == ANALYSIS_MODE

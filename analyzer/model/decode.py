@@ -29,7 +29,7 @@ from torch import nn
 
 from analyzer.errors import SourceError
 from analyzer.model.sources import AttentionGeometry, ModelSource, geometry_of
-from analyzer.model.valuefree import empty_model, zero_pages
+from analyzer.model.valuefree import check_weight_shapes, empty_model, zero_pages
 from analyzer.model.variants import KV_MODES, VARIANTS, get_variant
 
 # Masked slots get a large negative fp16-safe value (fp16 max is 65504; -inf would turn 0·inf into NaN).
@@ -57,24 +57,8 @@ def _load_safetensors_(model: nn.Module, source: ModelSource) -> None:
     state: dict[str, torch.Tensor] = {}
     for w in source.weights:
         state.update(load_file(str(Path(source.ref) / w.name)))  # names come from a glob of that folder
-    expected = model.state_dict()
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected and not (set(state) & set(expected)):
-        raise SourceError(
-            f"{source.ref}: no tensor name in the safetensors files matches the model "
-            f"(first found: {unexpected[0]!r}, first expected: {next(iter(expected))!r})"
-        )
-    for name, tensor in state.items():
-        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
-            raise SourceError(
-                f"{source.ref}: tensor {name!r} has shape {list(tensor.shape)}, "
-                f"the config implies {list(expected[name].shape)}"
-            )
-    missing = model.load_state_dict(state, strict=False).missing_keys
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    missing = [m for m in missing if m not in tied and not m.endswith("inv_freq")]
-    if missing:
-        raise SourceError(f"{source.ref}: safetensors files lack {len(missing)} tensors, e.g. {missing[:3]}")
+    check_weight_shapes(model, source, {name: tuple(t.shape) for name, t in state.items()})
+    model.load_state_dict(state, strict=False)
 
 
 def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.Module:

@@ -37,6 +37,44 @@ def empty_model(source: ModelSource, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def check_weight_shapes(model: nn.Module, source: ModelSource, found: dict[str, tuple[int, ...]]) -> None:
+    """Refuse safetensors whose tensor names or shapes do not fit the model the config implies: none of the
+    names match, a shape differs, or a tensor is missing (a tied lm_head and RoPE's inv_freq may be)."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected and not (set(found) & set(expected)):
+        raise SourceError(
+            f"{source.ref}: no tensor name in the safetensors files matches the model "
+            f"(first found: {unexpected[0]!r}, first expected: {next(iter(expected))!r})"
+        )
+    for name, shape in found.items():
+        if name in expected and shape != expected[name]:
+            raise SourceError(f"{source.ref}: tensor {name!r} has shape {list(shape)}, "
+                              f"the config implies {list(expected[name])}")
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing = [m for m in expected if m not in found and m not in tied and not m.endswith("inv_freq")]
+    if missing:
+        raise SourceError(f"{source.ref}: safetensors files lack {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def safetensors_shapes(source: ModelSource) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of a folder source's safetensors files, from their headers only (no tensor data is
+    read): what a value-free build checks its model against."""
+    from pathlib import Path
+
+    from safetensors import SafetensorError, safe_open
+
+    out: dict[str, tuple[int, ...]] = {}
+    for w in source.weights:
+        path = Path(source.ref) / w.name  # names come from a glob of that folder
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                out.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+        except (SafetensorError, OSError) as e:
+            raise SourceError(f"{path}: not a readable safetensors file ({e})") from e
+    return out
+
+
 def zero_pages(shape, dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """A tensor backed by a private anonymous memory map that nothing has written: it reads as zeros and the
     kernel maps its shared zero page until a page is written, so reading it adds nothing to the resident set
@@ -53,8 +91,11 @@ def zero_pages(shape, dtype: torch.dtype = torch.float16) -> torch.Tensor:
 def build_value_free_model(source: ModelSource) -> nn.Module:
     """The fp16 ``*ForCausalLM`` of a source with every parameter a zero placeholder (:func:`zero_pages`) and
     its buffers real. Trace it as is (a forward over zeros costs no memory), then call
-    :func:`assign_value_free_weights_` before converting. Real safetensors weights are not read."""
+    :func:`assign_value_free_weights_` before converting. Real safetensors weights are not read: only their
+    headers, checked against the model (:func:`check_weight_shapes`)."""
     model = empty_model(source, torch.float16)
+    if source.has_real_weights:  # the values are not needed, but the files must fit the config
+        check_weight_shapes(model, source, safetensors_shapes(source))
     for p in model.parameters():  # tied parameters are yielded once
         p.requires_grad_(False)
         p.data = zero_pages(p.shape)
