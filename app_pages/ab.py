@@ -63,14 +63,16 @@ def rebuild_for_real(selected: tuple[AnalysisRef, AnalysisRef] | None) -> None:
             st.info("Nothing to rebuild for this pair.")
             return
         try:
-            peaks = [estimate(load_config(s.source), s.ctx).peak_rss_bytes for s in specs]
+            costs = [estimate(load_config(s.source), s.ctx, s.build_mode) for s in specs]
         except QfoldError as e:
             shared.error(e)
             return
-        st.warning("Converts at full size, one after the other, in a child process: "
-                   + "; ".join(f"**{s.source.label} · {s.variant} · ctx {s.ctx}** (estimated peak "
-                               f"{fmt.size(p, 'auto-si', None)})" for s, p in zip(specs, peaks, strict=True))
-                   + ". Other sessions keep working; conversions queue machine-wide.")
+        st.warning("Converts at full size in **analysis mode** (value-free weights: the same analysis as a "
+                   "materialised build, no package), in one child process: "
+                   + "; ".join(f"**{s.source.label} · {s.variant} · ctx {s.ctx}** (estimated "
+                               f"{c.summary().removeprefix('~')})" for s, c in zip(specs, costs, strict=True))
+                   + ". Other sessions keep working; conversions queue machine-wide. A runnable package: the "
+                   "Export page.")
         busy = any(not s.finished for s in shared.job_snapshots())
         if busy:
             st.caption("A conversion started from this session is still running (see the Builds page).")

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.build.builds import LOG_FILE, BuildSpec, is_complete
+from analyzer.build.builds import ANALYSIS_MODE, BUILD_MODES, LOG_FILE, BuildSpec, is_complete
 from analyzer.build.compress import PRESETS, canonical_spec
 from analyzer.build.fold import fold_cached, fold_record_of
 from analyzer.build.jobs import BuildJob, JobSnapshot
@@ -115,14 +115,15 @@ def cached_call(fn, *args):
 # shown), so leaving the page and coming back keeps them.
 FORM_DEFAULTS = {"builds_source_kind": "Preset", "builds_structure": True, "builds_layers": 0, "builds_ctx": 4096,
                  "builds_kv": KV_MODES[0], "builds_variants": ["repeat_kv", "qfold"], "builds_compression": "none",
-                 "builds_compression_spec": "", "builds_preset": DEFAULT_PRESET, "builds_folder": ""}
+                 "builds_compression_spec": "", "builds_preset": DEFAULT_PRESET, "builds_folder": "",
+                 "builds_mode": ANALYSIS_MODE}
 shared.restore_form(FORM_DEFAULTS)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def preview_cost(config_json: str, ctx: int) -> BuildCost:
+def preview_cost(config_json: str, ctx: int, mode: str) -> BuildCost:
     """The pre-conversion check (analyzer.model.cost): refused here, before anything is queued."""
-    return check_request(load_config_dict(json.loads(config_json)), ctx)
+    return check_request(load_config_dict(json.loads(config_json)), ctx, mode=mode)
 
 
 with st.container(border=True):
@@ -137,6 +138,9 @@ with st.container(border=True):
     ctx = c2.number_input("Context length (cache slots)", min_value=16, max_value=131_072, step=256, key="builds_ctx")
     kv_mode = c3.radio("KV cache", KV_MODES, horizontal=True, key="builds_kv",
                        format_func=lambda m: {"state": "Core ML state", "input": "inputs (read-only)"}.get(m, m))
+    mode = st.radio("Build mode", list(BUILD_MODES), horizontal=True, key="builds_mode",
+                    help="Both modes give the same analysis, op for op (tests/test_fast_identity.py).")
+    st.caption(f"**{mode}**: {BUILD_MODES[mode]}.")
     c6, c7 = st.columns([3, 1])
     phase = c6.radio("Phase", BUILD_PHASES, horizontal=True, key="builds_phase",
                      format_func=lambda p: {"decode": "decode (one token per call)",
@@ -199,18 +203,23 @@ with st.container(border=True):
                     f"{g.hidden_size:,} · vocab {g.vocab_size:,} · "
                     + ("real weights from safetensors" if source.has_real_weights else "seeded random weights"))
         try:
-            cost = preview_cost(source.config_json, int(ctx))
+            cost = preview_cost(source.config_json, int(ctx), mode)
         except QfoldError as e:
             shared.error(e, "Cannot convert this: ")
         else:
+            n = max(1, len(variants))
             peak = fmt.size(cost.peak_rss_bytes, "auto-si", None)
-            st.caption(f"Estimated peak memory per conversion **{peak}** of a limit of "
-                       f"{fmt.size(cost.limit_bytes, 'auto-si', None)} ({cost.params:,} parameters, KV state "
-                       f"{fmt.size(cost.kv_state_bytes, 'auto-si', None)}); conversions run one at a time.")
-            if not structure and cost.peak_rss_bytes > 4e9:
-                st.warning(f"Full-size conversion: about **{peak} of memory** and minutes per variant (2.5 min for "
-                           "the 1.2B default). It runs in a child process and waits its turn: one conversion at a "
-                           "time on this machine.", icon=":material/warning:")
+            st.caption(f"Estimated **{cost.summary(n).removeprefix('~')}** (peak {peak} of a limit of "
+                       f"{fmt.size(cost.limit_bytes, 'auto-si', None)}; {cost.params:,} parameters, KV state "
+                       f"{fmt.size(cost.kv_state_bytes, 'auto-si', None)}). The variants run in one child process, "
+                       "which waits its turn: one conversion at a time on this machine.")
+            if mode == ANALYSIS_MODE:
+                export = preview_cost(source.config_json, int(ctx), "materialised")
+                st.caption("Export a runnable package later from the Export page: that makes a materialised build "
+                           f"({export.summary().removeprefix('~')}).")
+            elif not structure and cost.peak_rss_bytes > 4e9:
+                st.warning(f"Full-size materialised conversion: about **{peak} of memory** and minutes per variant. "
+                           "Analysis mode gives the same analysis at ~1-2 GB.", icon=":material/warning:")
     specs: tuple[BuildSpec, ...] = ()
     if resolved is not None and cost is not None and variants:
         try:
@@ -218,7 +227,7 @@ with st.container(border=True):
             if compression != "none":
                 spec_text = canonical_spec(compression, resolved[1].num_layers)
             specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text, phase=phase,
-                                    q_len=1 if phase == "decode" else q_len) for v in variants)
+                                    q_len=1 if phase == "decode" else q_len, build_mode=mode) for v in variants)
         except QfoldError as e:
             shared.error(e)
     busy = shared.running_keys()

@@ -12,10 +12,14 @@ from functools import partial
 import streamlit as st
 
 from analyzer import fmt
+from analyzer.build.builds import ANALYSIS_MODE, materialised_spec
+from analyzer.build.jobs import BuildJob
 from analyzer.errors import QfoldError
 from analyzer.fmt import to_csv
 from analyzer.graph.accounting import OP_COLUMNS
 from analyzer.graph.record import Analysis
+from analyzer.model.cost import estimate
+from analyzer.model.sources import load_config
 from analyzer.report import figures
 from analyzer.report.assumptions import assumption_notes
 from analyzer.report.catalog import AnalysisRef
@@ -131,8 +135,31 @@ with st.container(border=True):
 with st.container(border=True):
     st.subheader("Core ML package")
     if ref.package_path is None or not ref.package_path.is_dir():
-        st.info("This analysis has no .mlpackage on this server (shipped analyses carry none: no weights). "
-                "Build it on the Builds page (or rebuild the A/B pair at full size from the A/B page).")
+        build = analysis.build
+        made = ("was made in analysis mode (value-free weights: shapes and dtypes, no values)"
+                if build is not None and build.build_mode == ANALYSIS_MODE
+                else "carries no weights (shipped analyses and sweep points never do)")
+        st.info(f"This analysis has no .mlpackage on this server: it {made}.", icon=":material/info:")
+        if build is not None and build.spec.variant != "repeat_kv+fold":
+            try:
+                spec = materialised_spec(build.spec)
+                cost = estimate(load_config(spec.source), spec.ctx, spec.build_mode)
+            except QfoldError as e:
+                st.error(f"Cannot rebuild it: {shared.for_ui(str(e))}")
+            else:
+                st.markdown(f"A runnable package needs a **materialised build** of the same spec (the same analysis, "
+                            f"with weight values): {cost.summary().removeprefix('~')} (estimated; "
+                            "analyzer/model/cost.py). It runs in the background and waits its turn; the package "
+                            "then appears here.")
+                if st.button("Make a runnable package", key="export_materialise", icon=":material/build:",
+                             disabled=spec.key in shared.running_keys()):
+                    shared.start_job(BuildJob((spec,), shared.builds_root()))
+                    st.toast(f"Queued the materialised build {spec.key}")
+                st.caption(f"Or on the command line: `python -m analyzer build --mode materialised --model "
+                           f"{spec.source.ref} --variant {spec.variant} --ctx {spec.ctx}` (plus its `--set` "
+                           "overrides, phase and compression).")
+        else:
+            st.caption("Build it on the Builds page (or rebuild the A/B pair at full size from the A/B page).")
     else:
         size = package_size_bytes(ref.package_path)
         zip_name = f"{stem}.mlpackage.zip"

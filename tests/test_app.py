@@ -141,11 +141,11 @@ def test_ab_page_states_the_top8_assumptions_and_the_weight_charge_option(expect
 def test_rebuild_for_real_queues_the_selected_pair_at_full_size(tiny_builds, monkeypatch):
     started: list[BuildSpec] = []
 
-    def fake_run_build(spec, root=None, on_progress=None, timeout_s=None):
-        started.append(spec)
-        return BuildResult(spec.key, Path(root or "."), True, 0.0)
+    def fake_run_builds(specs, root=None, on_progress=None, timeout_s=None):
+        started.extend(specs)
+        return [BuildResult(spec.key, Path(root or "."), True, 0.0) for spec in specs]
 
-    monkeypatch.setattr(jobs, "run_build", fake_run_build)
+    monkeypatch.setattr(jobs, "run_builds", fake_run_builds)
     a, b = (f"build:{tiny_builds[v].name}" for v in ("repeat_kv", "qfold"))
     at = open_page(ab_a=a, ab_b=b, ab_rebuild_popover=True)  # the tiny structure pair, not the default
     at.button(key="ab_rebuild").click().run()
@@ -156,6 +156,7 @@ def test_rebuild_for_real_queues_the_selected_pair_at_full_size(tiny_builds, mon
     # the same model, variants, KV mode and ctx, grown to full size (no structure or layer overrides)
     assert [(s.source.label, s.variant, s.ctx, s.kv_mode, s.source.overrides) for s in started] == [
         ("exaone-4.0-1.2b", "repeat_kv", 256, "state", ()), ("exaone-4.0-1.2b", "qfold", 256, "state", ())]
+    assert {s.build_mode for s in started} == {"analysis"}  # full size, value-free: no 15 GB conversion
 
 
 def test_builds_page_lists_the_cached_builds(tiny_builds):
@@ -230,11 +231,11 @@ def test_export_page_offers_a_small_package_as_a_zip(tiny_builds):
 
 # ---------------------------------------------------------------------------------------------- jobs
 def test_build_job_reports_a_failed_conversion(monkeypatch, tmp_path):
-    def failing(spec, root=None, on_progress=None, timeout_s=None):
+    def failing(specs, root=None, on_progress=None, timeout_s=None):
         on_progress(jobs.Progress(0.2, "convert", "tracing"))
-        raise BuildError(f"build {spec.key} failed: out of memory (log: x.log)")
+        raise BuildError(f"build {specs[0].key} failed: out of memory (log: x.log)")
 
-    monkeypatch.setattr(jobs, "run_build", failing)
+    monkeypatch.setattr(jobs, "run_builds", failing)
     spec = BuildSpec(resolve_source("exaone-4.0-1.2b", ("num_hidden_layers=2",)), "qfold", "state", 64)
     job = jobs.BuildJob((spec,), tmp_path).start()
     job._thread.join(timeout=30)

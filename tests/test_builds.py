@@ -85,7 +85,7 @@ def test_failed_build_reports_why_and_caches_nothing(tmp_path):
 
 
 def test_cli_build_prints_the_folder_last_and_inspect_diff_speak_json(tiny_builds, builds_root):
-    out = _cli("build", "--variant", "repeat_kv", "--ctx", str(TINY_CTX), "--structure",
+    out = _cli("build", "--mode", "materialised", "--variant", "repeat_kv", "--ctx", str(TINY_CTX), "--structure",
                "--set", "num_hidden_layers=2", "--builds-dir", str(builds_root))
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip().splitlines()[-1]) == tiny_builds["repeat_kv"]

@@ -314,7 +314,8 @@ def test_tied_model_asked_for_two_configs_fails_with_our_error(builds):
     with pytest.raises(CompressionError) as e:
         compress_model(mlmodel, plan)
     msg = str(e.value)
-    assert "model_model_embed_tokens_weight_to_fp16" in msg and "tied" in msg and "untie_embeddings_" in msg
+    # the const's name: the torch parameter's (materialised builds convert an fp16 model: no ``_to_fp16`` cast)
+    assert "model_model_embed_tokens_weight" in msg and "tied" in msg and "untie_embeddings_" in msg
     assert "config conflict" not in msg
     # the same model takes one scheme for both
     same = plan_weights(mlmodel, parse_spec("embed=pal6,lm_head=pal6", 2))

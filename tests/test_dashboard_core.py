@@ -163,7 +163,7 @@ def test_differences_besides_the_variant_are_named():
     a, b = decode_analysis("repeat_kv", 2), decode_analysis("qfold", 2)
     qwen = resolve_source("qwen3-0.6b", ("hidden_size=256", "vocab_size=1000", "num_hidden_layers=2"))
     other = _with(b, source=qwen, ctx=256, kv_mode="input", compression=canonical_spec("top8", 2),
-                  geometry=AttentionGeometry("qwen3", 2, 16, 8, 128, 256, 1000), extra={"build_mode": "analysis"})
+                  geometry=AttentionGeometry("qwen3", 2, 16, 8, 128, 256, 1000), build_mode="analysis")
     diffs = {d.aspect: (d.a, d.b) for d in compare(a, other).differences}
     assert diffs == {"model": ("exaone-4.0-1.2b (exaone4)", "qwen3-0.6b (qwen3)"),
                      "geometry": ("2 layers, 32/8 heads, head_dim 64", "2 layers, 16/8 heads, head_dim 128"),

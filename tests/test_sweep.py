@@ -20,7 +20,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from analyzer.build.builds import BuildSpec
+from analyzer.build.builds import ANALYSIS_MODE, BuildSpec, run_builds
 from analyzer.device.profiles import get_profile, load_profiles, parse_profiles
 from analyzer.device.sweep import RayOptions, build_memory_bytes, equivalence_groups, run_sweep
 from analyzer.device.sweep_ray import store_analysis
@@ -183,8 +183,17 @@ def _ray_children() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_sweep(tiny_builds, builds_root, tmp_path_factory):
-    """One sweep on local Ray: ctx {256, 512} × both variants, plus a point that fails in its worker."""
+def tiny_analysis_builds(builds_root) -> dict[str, Path]:
+    """The tiny pair as `build` makes it by default (analysis mode, one child): what a sweep point reuses."""
+    specs = [BuildSpec(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES), v, "state", TINY_CTX, build_mode=ANALYSIS_MODE)
+             for v in ("repeat_kv", "qfold")]
+    return {s.variant: r.path for s, r in zip(specs, run_builds(specs, builds_root), strict=True)}
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tiny_analysis_builds, builds_root, tmp_path_factory):
+    """One sweep on local Ray (analysis mode, its default): ctx {256, 512} × both variants, plus a point whose
+    safetensors cannot be read, which fails in its worker."""
     scratch = tmp_path_factory.mktemp("scratch")
     os.environ["QFOLD_SWEEP_SCRATCH"] = str(scratch)
     spec = make_spec({"ctx": [TINY_CTX, 2 * TINY_CTX], "structure": True, "set": ["num_hidden_layers=2"]})
@@ -197,16 +206,18 @@ def tiny_sweep(tiny_builds, builds_root, tmp_path_factory):
 
 
 @pytest.mark.conversion
-def test_sweep_builds_on_ray_into_the_driver_builds_dir_with_build_keys(tiny_sweep, tiny_builds, builds_root):
+def test_sweep_builds_on_ray_into_the_driver_builds_dir_with_build_keys(tiny_sweep, tiny_analysis_builds,
+                                                                        builds_root):
     _spec, result, events, scratch = tiny_sweep
     rows = {(r.point.variant, r.point.ctx, r.point.model == DEFAULT_PRESET): r for r in result.rows}
     assert len(result.rows) == 5 and result.used_ray
     src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
     for variant in ("repeat_kv", "qfold"):
         reused, built = rows[(variant, TINY_CTX, True)], rows[(variant, 2 * TINY_CTX, True)]
-        assert reused.status == "reused" and reused.path == str(tiny_builds[variant])
+        assert reused.status == "reused" and reused.path == str(tiny_analysis_builds[variant])
         assert built.status == "built", built.error
-        assert built.key == BuildSpec(src, variant, "state", 2 * TINY_CTX).key  # the key `build` would use
+        # the key `build` would use (analysis mode: the default of both)
+        assert built.key == BuildSpec(src, variant, "state", 2 * TINY_CTX, build_mode=ANALYSIS_MODE).key
         folder = builds_root / built.key
         assert (folder / "analysis.json").is_file() and (folder / "build.log").is_file()
         assert not (folder / "model.mlpackage").exists()  # analyses travel, weights do not
@@ -231,6 +242,14 @@ def test_one_failing_point_is_reported_and_the_rest_kept(tiny_sweep):
     assert len(failed) == 1 and failed[0].point.model.endswith("corrupt")
     assert failed[0].stage == "build" and "build" in failed[0].error and "failed" in failed[0].error, failed[0].error
     assert result.n_failed == 1 and not result.ok and result.n_built == 2
+    assert "not a readable safetensors file" in failed[0].error  # value-free builds still check the files
+
+
+def test_sweeps_build_in_analysis_mode_unless_told():
+    assert make_spec({}).build_mode == ANALYSIS_MODE and make_spec({}).to_json()["mode"] == ANALYSIS_MODE
+    assert make_spec({"mode": "materialised"}).build_mode == "materialised"
+    with pytest.raises(SweepError, match="mode='fast'"):
+        make_spec({"mode": "fast"})
 
 
 @pytest.mark.conversion
@@ -303,8 +322,9 @@ def test_store_analysis_refuses_a_worker_with_other_tool_versions(tmp_path):
 # ------------------------------------------------------------------------------------------------- structure size
 @pytest.mark.conversion
 @pytest.mark.skipif(os.environ.get("QFOLD_STRUCTURE_SWEEP") != "1",
-                    reason="~7 min of structure builds today; set QFOLD_STRUCTURE_SWEEP=1 (cheap with analysis mode)")
-def test_structure_sweep_of_the_default_preset(structure_builds, builds_root, tmp_path):
+                    reason="8 structure builds (30 layers, ctx up to 4096): 249 s in analysis mode on this 2-core "
+                           "machine, over the default suite's budget; set QFOLD_STRUCTURE_SWEEP=1")
+def test_structure_sweep_of_the_default_preset(builds_root, tmp_path):
     spec = make_spec({"ctx": [512, 1024, 2048, 4096], "structure": True})
     bad = SweepPoint(str(_corrupt_model(tmp_path / "corrupt")), "none", "qfold", 512)
     result = run_sweep(spec, builds_root, points=(*spec.points(), bad), ray_options=RayOptions(num_cpus=2))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from analyzer.build.builds import (
     LOG_FILE,
+    MATERIALISED_MODE,
     PACKAGE_NAME,
     BuildResult,
     BuildSpec,
@@ -219,6 +220,10 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
                  on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
     """The ``repeat_kv+fold`` build of ``spec`` (a ``repeat_kv`` spec): convert (or reuse) the repeat_kv build,
     fold its package, prove the fold in the interpreter, and write a build folder beside it."""
+    if spec.build_mode != MATERIALISED_MODE:
+        raise FoldError(f"a {FOLD_VARIANT} build folds a saved package and proves it in the MIL interpreter, which "
+                        f"needs weight values: its {FOLD_BASE_VARIANT} build must be materialised, not "
+                        f"{spec.build_mode}")
     if spec.phase != "decode":
         raise FoldError(f"--phase {spec.phase}: a {FOLD_VARIANT} build folds the decode step only; build the "
                         f"prefill package with --variant {FOLD_BASE_VARIANT} and fold it with "
@@ -257,8 +262,8 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
 def folded_analysis(original: Analysis, fold: FoldResult, key: str) -> Analysis:
     """A build analysis for the folded package: the original's spec (variant ``repeat_kv+fold``), geometry
     and equivalence plus the "folded vs original" check, the folded program, the fold report and its proof."""
-    from analyzer.build.convert import peak_rss_bytes
     from analyzer.build.equivalence import folded_check
+    from analyzer.build.progress import peak_rss_bytes
     from analyzer.graph.mil import read_program
 
     if original.build is None:

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from analyzer.build.builds import BuildResult, BuildSpec, Progress, run_build
+from analyzer.build.builds import BuildResult, BuildSpec, Progress, run_builds
 from analyzer.errors import QfoldError
 
 
@@ -39,7 +39,8 @@ class JobSnapshot:
 
 
 class BuildJob:
-    """One or more builds run one after another in a daemon thread."""
+    """One or more builds in a daemon thread, converted by ONE child process (``run_builds``): the variants of
+    an A/B share its model and traces."""
 
     def __init__(self, specs: tuple[BuildSpec, ...], root: Path) -> None:
         if not specs:
@@ -62,22 +63,21 @@ class BuildJob:
         self._thread.start()
         return self
 
-    def _on_progress(self, p: Progress) -> None:
+    def _on_build_progress(self, p: Progress) -> None:
         with self._lock:
+            if p.stage == "done" and p.message.startswith(str(self.root)):  # one build of the batch is finished
+                self._index = min(self._index + 1, len(self.specs) - 1)
             self._state = "running"
             self._progress = p
 
     def _run(self) -> None:
         try:
-            for i, spec in enumerate(self.specs):
-                with self._lock:
-                    self._index = i
-                    self._state = "running"
-                    self._progress = Progress(0.0, "starting", f"build {i + 1} of {len(self.specs)}: {spec.key}")
-                result = run_build(spec, self.root, on_progress=self._on_progress)
-                with self._lock:
-                    self._results.append(result)
             with self._lock:
+                self._state = "running"
+                self._progress = Progress(0.0, "starting", f"{len(self.specs)} build(s) in one conversion process")
+            results = run_builds(self.specs, self.root, on_progress=self._on_build_progress)
+            with self._lock:
+                self._results.extend(results)
                 self._state = "done"
         except QfoldError as e:  # BuildError / SourceError: a message written for the user
             with self._lock:
@@ -93,7 +93,7 @@ class BuildJob:
         with self._lock:
             n = len(self.specs)
             done = len(self._results)
-            frac = 1.0 if self._state == "done" else min(1.0, (done + self._progress.fraction) / n)
+            frac = 1.0 if self._state == "done" else min(1.0, max(done / n, self._progress.fraction))
             end = self._finished or time.time()
             return JobSnapshot(
                 id=self.id,

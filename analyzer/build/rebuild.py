@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analyzer.build.builds import BuildSpec
+from analyzer.build.builds import ANALYSIS_MODE, BuildSpec
 from analyzer.errors import QfoldError
 from analyzer.graph.buildinfo import StoredSpec
 from analyzer.model.sources import STRUCTURE_OVERRIDES, resolve_source
@@ -22,8 +22,9 @@ from analyzer.model.sources import STRUCTURE_OVERRIDES, resolve_source
 SHRINKING_KEYS = (*(o.split("=", 1)[0] for o in STRUCTURE_OVERRIDES), "num_hidden_layers")
 
 
-def full_size_spec(spec: StoredSpec) -> BuildSpec:
-    """The full-size build of ``spec`` (QfoldError naming why not, e.g. an uploaded config that is gone)."""
+def full_size_spec(spec: StoredSpec, build_mode: str = ANALYSIS_MODE) -> BuildSpec:
+    """The full-size build of ``spec`` (QfoldError naming why not, e.g. an uploaded config that is gone), in
+    analysis mode unless asked otherwise: value-free weights, ≈ 1-2 GB whatever the model's size."""
     keep = tuple(o for o in spec.source.overrides if o.split("=", 1)[0] not in SHRINKING_KEYS)
     src = spec.source
     if src.kind != "preset" and not Path(src.ref).exists():
@@ -38,4 +39,4 @@ def full_size_spec(spec: StoredSpec) -> BuildSpec:
         layers = src.config_dict.get("num_hidden_layers", 0)
         preset = preset_of(compression, layers if isinstance(layers, int) else 0)
         compression = canonical_spec(preset or compression, source.config_dict["num_hidden_layers"])
-    return BuildSpec(source, spec.variant, spec.kv_mode, spec.ctx, compression)
+    return BuildSpec(source, spec.variant, spec.kv_mode, spec.ctx, compression, build_mode=build_mode)

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,11 @@ def tmp_folder(root: Path, key: str) -> Path:
     return root / f"{TMP_PREFIX}{key}-{os.getpid()}"
 
 
-def clean_stale_tmp(root: Path, holding: str | None = None) -> list[Path]:
-    """Delete ``.tmp-<key>-<pid>`` folders nobody is writing: their key lock is free, or their key is ``holding``
-    (the key whose lock the caller holds: any folder of that key is a previous, killed attempt). Returns what was
-    deleted. Foreign names, files, symlinks and folders whose lock is held are left alone; never raises."""
+def clean_stale_tmp(root: Path, holding: Collection[str] = ()) -> list[Path]:
+    """Delete ``.tmp-<key>-<pid>`` folders nobody is writing: their key lock is free, or their key is one of
+    ``holding`` (keys whose lock the caller holds: any other folder of such a key is a previous, killed attempt).
+    Returns what was deleted. Foreign names, files, symlinks and folders whose lock is held are left alone; never
+    raises."""
     removed = []
     try:
         candidates = list(root.glob(f"{TMP_PREFIX}*"))
@@ -80,7 +82,7 @@ def clean_stale_tmp(root: Path, holding: str | None = None) -> list[Path]:
             if match is None or tmp.is_symlink() or not tmp.is_dir():
                 continue
             key = match["key"]
-            if key == holding:
+            if key in holding:
                 if int(match["pid"]) == os.getpid():
                     continue
             elif lock_is_held(root, key):

@@ -1,9 +1,11 @@
 """``python -m analyzer``: everything the dashboard does, headless.
 
 Contract (scripts depend on these names):
-  build --model M --variant {repeat_kv,qfold,repeat_kv+fold} [--kv {state,input}] [--ctx N] [--set K=V ...]
-        [--compression SPEC] [--phase {decode,prefill,decode+prefill}] [--q-len N]
-                                      last stdout line: the build folder
+  build --model M --variant {repeat_kv,qfold,repeat_kv+fold} [...] [--mode {analysis,materialised}]
+        [--kv {state,input}] [--ctx N] [--set K=V ...] [--compression SPEC]
+        [--phase {decode,prefill,decode+prefill}] [--q-len N]
+                                      one build folder per variant, in order, on stdout
+                                      (one variant: the last stdout line is its folder)
   inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}]
                                           PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}]

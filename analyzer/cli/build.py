@@ -1,5 +1,5 @@
-"""``build``: convert a model's decode step, prefill step or both with one attention variant (child process,
-cached)."""
+"""``build``: convert a model's decode step, prefill step or both with one or more attention variants (one child
+process, cached), in analysis mode (value-free weights, no package) or materialised mode (a runnable package)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,28 @@ from analyzer.cli.common import positive_int
 
 
 def add_parser(sub) -> None:
+    from analyzer.build.builds import ANALYSIS_MODE, BUILD_MODES
     from analyzer.build.fold import FOLD_VARIANT
     from analyzer.model.prefill import BUILD_PHASES, DEFAULT_Q_LEN
     from analyzer.model.sources import DEFAULT_PRESET, preset_names
     from analyzer.model.variants import KV_MODES, VARIANTS
 
-    p = sub.add_parser("build", help="convert a model to Core ML with one attention variant",
-                       description="Convert the decode step of a model to Core ML (iOS18, fp16) with one "
-                                   "attention variant, in a child process; reuse an existing identical build.")
+    p = sub.add_parser("build", help="convert a model to Core ML with one or more attention variants",
+                       description="Convert the decode (or prefill) step of a model to Core ML (iOS18, fp16) with one "
+                                   "or more attention variants, in one child process; reuse existing identical "
+                                   "builds. Analysis mode (the default) needs no weight values and keeps no package; "
+                                   "materialised mode keeps a runnable .mlpackage.")
     p.add_argument("--model", default=DEFAULT_PRESET,
                    help=f"preset ({', '.join(preset_names())}), a config.json path, or a local HF model folder "
                         "(its *.safetensors weights are loaded; never pickle, never remote code)")
-    p.add_argument("--variant", required=True, choices=[*sorted(VARIANTS), FOLD_VARIANT],
-                   help=f"attention variant; {FOLD_VARIANT} = the repeat_kv build plus the fold pass "
-                        "(one conversion, both sides of the A/B; proven in the MIL interpreter)")
+    p.add_argument("--variant", required=True, nargs="+", choices=[*sorted(VARIANTS), FOLD_VARIANT],
+                   help="one or more attention variants; several (an A/B) are converted by one child process sharing "
+                        "the model; one build folder per variant is printed, in order. "
+                        f"{FOLD_VARIANT} = the repeat_kv build plus the fold pass (one conversion, both sides of the "
+                        "A/B; proven in the MIL interpreter): it needs a package, so it is always materialised")
+    p.add_argument("--mode", choices=list(BUILD_MODES),
+                   help="; ".join(f"{m}: {d}" for m, d in BUILD_MODES.items())
+                        + f" (default {ANALYSIS_MODE}; {FOLD_VARIANT}: materialised)")
     p.add_argument("--kv", default="state", choices=KV_MODES, help="KV cache as Core ML state (default) or inputs")
     p.add_argument("--ctx", type=positive_int, default=4096, help="context length (cache slots), default 4096")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -48,8 +56,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_build(args) -> int:
-    from analyzer.build.builds import BuildSpec, run_build
+    from analyzer.build.builds import ANALYSIS_MODE, MATERIALISED_MODE, BuildSpec, run_builds
     from analyzer.build.fold import FOLD_BASE_VARIANT, FOLD_VARIANT, build_folded
+    from analyzer.errors import QfoldError
     from analyzer.model.prefill import DEFAULT_Q_LEN
     from analyzer.model.sources import STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
 
@@ -60,16 +69,29 @@ def cmd_build(args) -> int:
         from analyzer.build.compress import canonical_spec
 
         compression = canonical_spec(args.compression, geometry_of(load_config(source)).num_layers)
-    folded = args.variant == FOLD_VARIANT
+    variants = list(dict.fromkeys(args.variant))
+    if FOLD_VARIANT in variants and args.mode == ANALYSIS_MODE:
+        raise QfoldError(f"--variant {FOLD_VARIANT} --mode {ANALYSIS_MODE}: the fold pass rewrites a saved package "
+                         "and proves it in the MIL interpreter, which needs weight values; use --mode materialised "
+                         f"(or leave --mode out), or compare {FOLD_BASE_VARIANT} and qfold in analysis mode")
     q_len = args.q_len if args.q_len is not None else 1 if args.phase == "decode" else DEFAULT_Q_LEN
-    spec = BuildSpec(source, FOLD_BASE_VARIANT if folded else args.variant, args.kv, args.ctx, compression, args.steps,
-                     args.phase, q_len)
+
+    def spec_of(variant: str) -> BuildSpec:
+        folded = variant == FOLD_VARIANT
+        mode = MATERIALISED_MODE if folded else args.mode or ANALYSIS_MODE
+        return BuildSpec(source, FOLD_BASE_VARIANT if folded else variant, args.kv, args.ctx, compression, args.steps,
+                         args.phase, q_len, mode)
 
     def progress(p) -> None:
         print(f"[{p.fraction * 100:3.0f}%] {p.stage}: {p.message}", file=sys.stderr, flush=True)
 
-    result = (build_folded(spec, args.builds_dir, on_progress=progress) if folded else
-              run_build(spec, args.builds_dir, on_progress=progress, force_ctx=args.force_ctx))
-    print(f"{'reused' if result.reused else 'built'} {result.key} in {result.seconds:.1f} s", file=sys.stderr)
-    print(result.path)
+    plain = [v for v in variants if v != FOLD_VARIANT]
+    built = dict(zip(plain, run_builds([spec_of(v) for v in plain], args.builds_dir, on_progress=progress,
+                                       force_ctx=args.force_ctx), strict=True))
+    if FOLD_VARIANT in variants:
+        built[FOLD_VARIANT] = build_folded(spec_of(FOLD_VARIANT), args.builds_dir, on_progress=progress)
+    for v in variants:
+        result = built[v]
+        print(f"{'reused' if result.reused else 'built'} {result.key} in {result.seconds:.1f} s", file=sys.stderr)
+        print(result.path)
     return 0

@@ -52,6 +52,7 @@ def inspect_json(analysis: Analysis, path: str, with_ops: bool = False) -> dict[
     if analysis.build is not None:
         build = analysis.build.to_json()
         out.update({k: build[k] for k in _BUILD_FIELDS})
+        out["build_mode"] = analysis.build.build_mode  # analysis (value-free weights, no package) | materialised
         out["compression_report"] = analysis.compression.to_json()
     if with_ops:
         flops = {r["index"]: r["total"] for r in analysis.flops.op_rows()}
@@ -71,6 +72,10 @@ def inspect_document(path: str, analyses: tuple[Analysis, ...], with_ops: bool) 
 def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
     s, acc = a.summary, a.account
     print(f"{path}: {s.total_ops:,} ops ({s.const_ops:,} const, {s.non_const_ops:,} other)")
+    if a.build is not None:
+        made = ("value-free weights, no package" if a.build.build_mode == "analysis"
+                else "weights with values, a runnable package")
+        print(f"build mode: {a.build.build_mode} ({made})")
     print(fmt.table([(t, n) for t, n in s.op_counts.items()], ("op type", "count")))
     print(f"\n{s.tile_count} tile ops, {fmt.bytes_both(s.tile_output_bytes)} of output")
     if s.tiles:

@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE",
                    help="override a config field of every model (repeatable)")
     p.add_argument("--kv", choices=("state", "input"), help="KV cache as Core ML state (default) or inputs")
+    p.add_argument("--mode", choices=("analysis", "materialised"),
+                   help="build mode of every point (default analysis: value-free weights, no package; a sweep keeps "
+                        "no package either way)")
     p.add_argument("--seed", type=int, help="seed of the random weights (default 0)")
     p.add_argument("--steps", type=positive_int, help="decode steps of the equivalence check (default 8)")
     p.add_argument("--device", metavar="PROFILE",
@@ -76,7 +79,8 @@ def cmd_sweep(args) -> int:
         out = out or spec_out
     flags = {"model": args.model, "ctx": args.ctx, "variant": args.variant, "compression": args.compression,
              "structure": args.structure, "set": args.overrides, "kv": args.kv, "seed": args.seed,
-             "steps": args.steps, "device": args.device, "phase": args.phase, "q_len": args.q_len}
+             "steps": args.steps, "device": args.device, "phase": args.phase, "q_len": args.q_len,
+             "mode": args.mode}
     values.update({k: v for k, v in flags.items() if v is not None})
     if not out:
         raise SweepError("--out TABLE is required (or `out` in the spec file)")

@@ -16,7 +16,9 @@ A sweep is the grid of ``SweepPoint`` s spanned by its dimensions (``DIMENSIONS`
 
 Why the analysis travels back instead of the worker writing into the driver's ``builds/``: on a cluster the
 worker has no access to the driver's disk, and one code path for laptop and cluster is the point (the same sweep
-with no change but ``--address``). The package (≈ 2.5 GB at full size) stays behind: a sweep is about analyses.
+with no change but ``--address``). A sweep is about analyses: its points build in analysis mode by default
+(``--mode``; value-free weights, no package, ≈ 1-2 GB whatever the model size), and a materialised point's
+package (≈ 2.5 GB at full size) stays behind.
 A build folder made by a sweep therefore holds ``analysis.json`` and ``build.log`` but no ``model.mlpackage``,
 like the shipped analyses; every view works from the analysis alone. Each task converts in its own scratch
 folder, so ``run_build``'s machine-wide conversion lock (which is per builds folder) does not serialise the
@@ -50,7 +52,7 @@ def build_memory_bytes(spec: BuildSpec) -> int:
     from analyzer.model.cost import estimate
     from analyzer.model.sources import load_config
 
-    return estimate(load_config(spec.source), spec.ctx, getattr(spec, "mode", "materialised")).peak_rss_bytes
+    return estimate(load_config(spec.source), spec.ctx, spec.build_mode).peak_rss_bytes
 
 
 # ------------------------------------------------------------------------------------------------- the run
@@ -126,7 +128,8 @@ def plan_points(spec: SweepSpec, points: Sequence[SweepPoint]) -> list[_Plan]:
             if point.compression != NO_COMPRESSION:
                 compression = canonical_spec(point.compression, geometry_of(load_config(source)).num_layers)
             build = BuildSpec(source, point.variant, spec.kv_mode, point.ctx, compression, spec.equivalence_steps,
-                              point.phase, spec.q_len if point.phase == "prefill" else 1)
+                              point.phase, spec.q_len if point.phase == "prefill" else 1,
+                              build_mode=spec.build_mode)
             plans.append(_Plan(replace(row, key=build.key, model_label=source.label), build,
                                build_memory_bytes(build)))
         except QfoldError as e:
@@ -136,10 +139,12 @@ def plan_points(spec: SweepSpec, points: Sequence[SweepPoint]) -> list[_Plan]:
 
 def equivalence_groups(specs: Sequence[BuildSpec]) -> list[list[int]]:
     """Indices of ``specs`` grouped by what the conversion's equivalence check depends on: everything in the
-    build's fingerprint but the variant and the compression (``analyzer.build.convert._equivalence``)."""
+    build's fingerprint but the variant, the compression and the build mode (``analyzer.build.equivalence``:
+    it runs on a reduced model of the same geometry)."""
     groups: dict[str, list[int]] = {}
     for i, spec in enumerate(specs):
-        fingerprint = {k: v for k, v in spec.fingerprint().items() if k not in ("variant", "compression")}
+        fingerprint = {k: v for k, v in spec.fingerprint().items()
+                       if k not in ("variant", "compression", "build_mode")}
         groups.setdefault(json.dumps(fingerprint, sort_keys=True), []).append(i)
     return list(groups.values())
 

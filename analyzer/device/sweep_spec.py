@@ -120,6 +120,8 @@ class SweepSpec:
     equivalence_steps: int = 8
     device: str = ""  # device profile key for predicted_tok_per_s ("" = the default profile)
     q_len: int = 64  # prompt tokens per call of a prefill point (analyzer.model.prefill.DEFAULT_Q_LEN)
+    # analysis (value-free weights, no package: a sweep keeps no package anyway) or materialised
+    build_mode: str = "analysis"
 
     def values(self, name: str) -> tuple[Any, ...]:
         return dict(self.axes)[name]
@@ -131,11 +133,12 @@ class SweepSpec:
     def to_json(self) -> dict[str, Any]:
         return {**{n: list(v) for n, v in self.axes}, "structure": self.structure, "set": list(self.overrides),
                 "kv": self.kv_mode, "seed": self.seed, "steps": self.equivalence_steps, "device": self.device,
-                "q_len": self.q_len}
+                "q_len": self.q_len, "mode": self.build_mode}
 
 
 OPTION_KEYS: Mapping[str, str] = {"structure": "structure", "set": "overrides", "kv": "kv_mode", "seed": "seed",
-                                  "steps": "equivalence_steps", "device": "device", "q_len": "q_len"}
+                                  "steps": "equivalence_steps", "device": "device", "q_len": "q_len",
+                                  "mode": "build_mode"}
 SPEC_KEYS: tuple[str, ...] = (*DIMENSION_NAMES, *OPTION_KEYS, "out")
 
 
@@ -163,12 +166,14 @@ def make_spec(values: Mapping[str, Any]) -> SweepSpec:
         sets = options["overrides"]
         options["overrides"] = tuple([sets] if isinstance(sets, str) else sets)
     for attr, kind in (("structure", bool), ("seed", int), ("equivalence_steps", int), ("kv_mode", str),
-                       ("device", str), ("q_len", int)):
+                       ("device", str), ("q_len", int), ("build_mode", str)):
         if attr in options and (not isinstance(options[attr], kind) or
                                 (kind is int and isinstance(options[attr], bool))):
             raise SweepError(f"{attr}={options[attr]!r}: expected {kind.__name__}")
     if options.get("q_len", 1) < 1:
         raise SweepError(f"q_len={options['q_len']!r}: prompt tokens per prefill call must be a positive integer")
+    if options.get("build_mode", "analysis") not in ("analysis", "materialised"):
+        raise SweepError(f"mode={options['build_mode']!r}: expected analysis or materialised")
     return SweepSpec(tuple(axes), **options)
 
 

@@ -15,6 +15,8 @@ from analyzer.model.prefill import BUILD_PHASES, MULTIFUNCTION_PHASE, PHASES
 from analyzer.model.sources import AttentionGeometry, ModelSource, WeightFile
 
 SOURCE_KINDS = ("preset", "config", "folder")
+# analyzer.build.builds.BUILD_MODES names and explains them (graph does not import build)
+BUILD_MODES = ("analysis", "materialised")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,9 @@ class StoredSpec:
     extra: dict[str, Any] = field(default_factory=dict)  # fields a newer qfold wrote, kept as written
     phase: str = "decode"  # "decode" | "prefill" | "decode+prefill" (analyzer.model.prefill.BUILD_PHASES)
     q_len: int = 1  # query rows per prefill call; 1 for a decode build
+    # "analysis" (value-free weights, no package) | "materialised" (weights with values, a package); documents
+    # written before build modes existed were all materialised (analyzer.build.builds.BUILD_MODES)
+    build_mode: str = "materialised"
 
     def to_json(self) -> dict[str, Any]:
         s = self.source
@@ -42,6 +47,7 @@ class StoredSpec:
             "compression": self.compression,
             "equivalence_steps": self.equivalence_steps,
             **({} if self.phase == "decode" else {"phase": self.phase, "q_len": self.q_len}),
+            "build_mode": self.build_mode,
             **self.extra,
         }
 
@@ -60,14 +66,18 @@ class StoredSpec:
         source = ModelSource(kind=kind, ref=src["ref"].str(), label=src["label"].str(),  # type: ignore[arg-type]
                              config_json=json.dumps(config.value, sort_keys=True), overrides=src["overrides"].strs(),
                              weights=weights, seed=seed if seed is not None else 0)
-        known = ("source", "variant", "kv_mode", "ctx", "compression", "equivalence_steps", "phase", "q_len")
+        known = ("source", "variant", "kv_mode", "ctx", "compression", "equivalence_steps", "phase", "q_len",
+                 "build_mode")
+        build_mode = f["build_mode"].str() if f.get("build_mode") is not None else "materialised"  # schema ≤ 2
+        if build_mode not in BUILD_MODES:
+            f["build_mode"].fail(f"expected one of {', '.join(BUILD_MODES)}, got {build_mode!r}")
         phase = f["phase"].str() if f.get("phase") is not None else "decode"
         if phase not in BUILD_PHASES:
             f["phase"].fail(f"expected one of {', '.join(BUILD_PHASES)}, got {phase!r}")
         q_len = f["q_len"].count() if f.get("q_len") is not None else 1
         return cls(source, f["variant"].str(), f["kv_mode"].str(), f["ctx"].count(), f["compression"].opt_str(),
                    f["equivalence_steps"].count(), {k: v.value for k, v in f.dict().items() if k not in known},
-                   phase, q_len)
+                   phase, q_len, build_mode)
 
     def phase_of(self, function: str) -> str:
         """What one function of the build does per call: a ``decode+prefill`` package names its functions after
@@ -193,13 +203,18 @@ class BuildInfo:
     versions: dict[str, str]  # package → version (qfold, torch, coremltools, transformers, numpy)
     timings_s: dict[str, float]  # stage → seconds (build_model_s, convert_s, ..., total_s)
     peak_rss_bytes: int  # of the conversion child process
-    package_bytes: int  # every file of the saved .mlpackage
+    package_bytes: int | None  # every file of the saved .mlpackage; None: an analysis-mode build keeps none
     equivalence: EquivalenceReport | None  # the torch check of the variants; None when a build skipped it
     untied_embeddings: bool  # a tied embedding/lm_head was untied to take two compression schemes
     extra: dict[str, Any] = field(default_factory=dict)  # top-level keys a newer qfold wrote, kept as written
     # what was compared, on which weights (torch variants, this package in the interpreter, folded vs original);
     # stored inside the equivalence object as "checks"
     checks: tuple[EquivalenceCheck, ...] = ()
+
+    @property
+    def build_mode(self) -> str:
+        """``analysis`` (value-free weights, no package) or ``materialised``: which mode made this build."""
+        return self.spec.build_mode
 
     def check(self, kind: str) -> EquivalenceCheck | None:
         return next((c for c in self.checks if c.kind == kind), None)
@@ -231,7 +246,7 @@ class BuildInfo:
             versions={k: v.str() for k, v in f["versions"].dict().items()},
             timings_s={k: _seconds(v) for k, v in f["timings"].dict().items()},
             peak_rss_bytes=f["peak_rss_bytes"].count(),
-            package_bytes=f["package_bytes"].count(),
+            package_bytes=None if f["package_bytes"].optional() is None else f["package_bytes"].count(),
             equivalence=None if eq is None else equivalence_from_json(eq),
             untied_embeddings=f["untied_embeddings"].bool(),
             extra={k: v.value for k, v in f.dict().items() if k not in (*BUILD_KEYS, *known)},

@@ -59,6 +59,10 @@ def find_package(path: str | Path) -> Path:
             return found[0]
         if found:
             raise MilError(f"{p}: holds {len(found)} .mlpackage folders; name one")
+        if (p / "analysis.json").is_file():
+            raise MilError(f"{p}: a build folder with an analysis but no .mlpackage (an analysis-mode build keeps "
+                           "none: its weights have no values; so does a sweep point); build it with --mode "
+                           "materialised for a package to run or fold")
     raise MilError(f"{p}: not an .mlpackage nor a build folder holding one")
 
 

@@ -12,8 +12,21 @@ untied; norm scales and biases, < 0.1%, are left out). Memory, from measurements
 * the fp16 KV state ``2 × layers × Hkv × ctx × D × 2`` bytes: the structure build (30 layers, ctx 4096, 251 MB of
   KV, ~52·10^6 parameters) peaked at ≈ 1 GB, so one copy is live at the peak.
 
-The same estimate refuses impossible builds in the parent (``check_request``) and reserves Ray ``memory`` for a
-sweep's builds, so a 16 GB worker never takes two full-size builds.
+* an analysis-mode build (value-free weights: zero pages and zero-stride views, analyzer.build.valuefree) holds
+  no weight values, so its memory barely moves with the parameter count: bench/results/fast.json measured the
+  A/B (both variants, one process) of EXAONE 4.0 1.2B (W = 2.56 GB of fp16 weights) at 1.52 GB, Mistral-7B
+  (W = 14.5 GB) 1.19 GB, Qwen2.5-7B (15.2 GB) 2.33 GB and Llama-3.1-8B (16.1 GB) 1.77 GB at ctx 4096: a floor of
+  ≈ 1.2 GB (two processes: the build and its reduced-model equivalence worker) and ≈ 0.04 bytes per weight
+  byte, 0.08 per parameter.
+
+Wall time per build (``wall_s``), fitted to the same bench (2 cores, load average 2-6 while measured): analysis
+≈ 85 s + 2 s per GB of fp16 weights (graph work per layer, a trace whose GEMVs read zero pages); materialised
+≈ 20 s + 14 s per GB (coremltools converts, copies and saves the values). A package is kept only by a
+materialised build: ≈ the fp16 weight bytes.
+
+The same estimate refuses impossible builds in the parent (``check_request``), tells the dashboard what a build or
+an export costs before it starts, and reserves Ray ``memory`` for a sweep's builds, so a 16 GB worker never takes
+two full-size materialised builds.
 """
 
 from __future__ import annotations
@@ -26,7 +39,13 @@ from analyzer.model.sources import AttentionGeometry
 
 PROCESS_FLOOR_BYTES = 600_000_000  # a 2-layer tiny build peaked at 0.51 GB
 MATERIALISED_BYTES_PER_PARAM = 11  # (14.7 − 0.6) GB / 1.28·10^9 parameters, full-size EXAONE 4.0 1.2B
-BYTES_PER_PARAM_BY_MODE: dict[str, float] = {"materialised": MATERIALISED_BYTES_PER_PARAM}
+ANALYSIS_BYTES_PER_PARAM = 0.08  # bench/results/fast.json: ≈ 0.04 bytes per fp16 weight byte (module docstring)
+ANALYSIS_EXTRA_FLOOR_BYTES = 600_000_000  # the analysis A/B's ≈ 1.2 GB floor: build + reduced-model worker
+BYTES_PER_PARAM_BY_MODE: dict[str, float] = {"materialised": MATERIALISED_BYTES_PER_PARAM,
+                                             "analysis": ANALYSIS_BYTES_PER_PARAM}
+EXTRA_FLOOR_BY_MODE: dict[str, int] = {"materialised": 0, "analysis": ANALYSIS_EXTRA_FLOOR_BYTES}
+# (fixed seconds, seconds per GB of fp16 weights) per build, bench/results/fast.json (module docstring)
+SECONDS_BY_MODE: dict[str, tuple[float, float]] = {"materialised": (20.0, 14.0), "analysis": (85.0, 2.0)}
 KV_STATE_COPIES = 1  # the structure build's ≈ 1 GB peak leaves room for one
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
 # hidden 16,384, vocabularies up to 262,144 (Gemma 3) and contexts up to 131,072 positions among qfold's
@@ -50,10 +69,21 @@ class BuildCost:
     kv_state_bytes: int
     peak_rss_bytes: int
     limit_bytes: int
+    mode: str = "materialised"  # the build mode estimated (analyzer.build.builds.BUILD_MODES)
+    wall_s: float = 0.0  # per build, on the bench machine
+    package_bytes: int | None = None  # per build; None: an analysis-mode build keeps no package
 
     @property
     def fits(self) -> bool:
         return self.peak_rss_bytes <= self.limit_bytes
+
+    def summary(self, builds: int = 1) -> str:
+        """``~3.5 min and ~7.2 GB of memory for 2 builds; a 2.6 GB package each`` (formatting at the edge)."""
+        text = (f"~{builds * self.wall_s / 60:.1f} min and ~{self.peak_rss_bytes / 1e9:.1f} GB of memory for "
+                f"{builds} {self.mode} build{'s' if builds != 1 else ''}")
+        if self.package_bytes is not None:
+            text += f"; a {self.package_bytes / 1e9:.1f} GB package each"
+        return text
 
 
 def count_params(g: AttentionGeometry, intermediate_size: int, tied_embeddings: bool) -> int:
@@ -94,9 +124,12 @@ def estimate(config, ctx: int, mode: str = "materialised") -> BuildCost:
     intermediate = int(getattr(config, "intermediate_size", 0) or 4 * g.hidden_size)
     params = count_params(g, intermediate, bool(getattr(config, "tie_word_embeddings", False)))
     kv = kv_state_bytes(g, ctx)
-    per_param = BYTES_PER_PARAM_BY_MODE.get(mode, MATERIALISED_BYTES_PER_PARAM)  # unknown: over-reserve
-    peak = PROCESS_FLOOR_BYTES + round(params * per_param) + KV_STATE_COPIES * kv
-    return BuildCost(params, 2 * params, kv, peak, memory_limit_bytes())
+    known = mode if mode in BYTES_PER_PARAM_BY_MODE else "materialised"  # unknown: over-reserve
+    peak = (PROCESS_FLOOR_BYTES + EXTRA_FLOOR_BY_MODE[known] + round(params * BYTES_PER_PARAM_BY_MODE[known])
+            + KV_STATE_COPIES * kv)
+    fixed_s, s_per_gb = SECONDS_BY_MODE[known]
+    return BuildCost(params, 2 * params, kv, peak, memory_limit_bytes(), known, fixed_s + s_per_gb * 2 * params / 1e9,
+                     2 * params if known == "materialised" else None)
 
 
 def _gb(n: int) -> str:

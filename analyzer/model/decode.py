@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from analyzer.errors import SourceError
-from analyzer.model.sources import AttentionGeometry, ModelSource, geometry_of, load_config
+from analyzer.model.sources import AttentionGeometry, ModelSource, geometry_of
+from analyzer.model.valuefree import check_weight_shapes, empty_model, zero_pages
 from analyzer.model.variants import KV_MODES, VARIANTS, get_variant
 
 # Masked slots get a large negative fp16-safe value (fp16 max is 65504; -inf would turn 0·inf into NaN).
@@ -38,8 +39,9 @@ ATTN_PREFIX = "qfold_"
 
 # ------------------------------------------------------------------------------------------------- model
 def _fill_random_(model: nn.Module, seed: int) -> None:
-    """Seeded, varied random weights: norm scales near 1 (so no two norm consts are equal and Core ML's
-    const deduplication does not merge them), everything else N(0, 0.02)."""
+    """Seeded, varied random weights, written in the parameters' own dtype (no fp32 copy for an fp16 model):
+    norm scales near 1 (so no two norm consts are equal and Core ML's const deduplication does not merge
+    them), everything else N(0, 0.02)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # a tied parameter is yielded once
@@ -55,39 +57,15 @@ def _load_safetensors_(model: nn.Module, source: ModelSource) -> None:
     state: dict[str, torch.Tensor] = {}
     for w in source.weights:
         state.update(load_file(str(Path(source.ref) / w.name)))  # names come from a glob of that folder
-    expected = model.state_dict()
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected and not (set(state) & set(expected)):
-        raise SourceError(
-            f"{source.ref}: no tensor name in the safetensors files matches the model "
-            f"(first found: {unexpected[0]!r}, first expected: {next(iter(expected))!r})"
-        )
-    for name, tensor in state.items():
-        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
-            raise SourceError(
-                f"{source.ref}: tensor {name!r} has shape {list(tensor.shape)}, "
-                f"the config implies {list(expected[name].shape)}"
-            )
-    missing = model.load_state_dict(state, strict=False).missing_keys
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    missing = [m for m in missing if m not in tied and not m.endswith("inv_freq")]
-    if missing:
-        raise SourceError(f"{source.ref}: safetensors files lack {len(missing)} tensors, e.g. {missing[:3]}")
+    check_weight_shapes(model, source, {name: tuple(t.shape) for name, t in state.items()})
+    model.load_state_dict(state, strict=False)
 
 
 def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The ``*ForCausalLM`` for a source: real weights when the source has safetensors, else seeded random."""
-    from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
-
-    config = load_config(source)
-    config._attn_implementation = "eager"
-    try:
-        with no_init_weights():
-            model = AutoModelForCausalLM.from_config(config)
-    except ValueError as e:
-        raise SourceError(f"model_type={config.model_type!r} has no causal-LM class in transformers: {e}") from e
-    model.tie_weights()  # no_init_weights skips the init that would tie them
+    """The ``*ForCausalLM`` for a source: real weights when the source has safetensors, else seeded random,
+    built directly in ``dtype`` (an fp16 build never holds an fp32 copy). Buffers are cast to ``dtype`` too,
+    as ``Module.to`` would."""
+    model = empty_model(source, dtype)
     if source.has_real_weights:
         _load_safetensors_(model, source)
     else:
@@ -95,13 +73,14 @@ def build_model(source: ModelSource, dtype: torch.dtype = torch.float32) -> nn.M
     return model.to(dtype).eval()
 
 
-def untie_embeddings_(model: nn.Module) -> bool:
+def untie_embeddings_(model: nn.Module, copy_values: bool = True) -> bool:
     """Give lm_head its own copy of a tied embedding, so the two can be compressed differently.
-    Returns whether they were tied."""
+    ``copy_values=False`` gives it a zero placeholder instead (value-free builds). Returns whether they were tied."""
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or head.weight is not emb.weight:
         return False
-    head.weight = nn.Parameter(emb.weight.detach().clone())
+    w = emb.weight.detach().clone() if copy_values else zero_pages(emb.weight.shape)
+    head.weight = nn.Parameter(w, requires_grad=False)
     model.config.tie_word_embeddings = False
     return True
 
@@ -212,7 +191,9 @@ class DecodeStep(nn.Module):
     in input mode, for the host to write into its cache)."""
 
     def __init__(self, model: nn.Module, ctx: int, variant: str, kv_mode: str = "state",
-                 cache_dtype: torch.dtype = torch.float16):
+                 cache_dtype: torch.dtype = torch.float16, lazy_cache: bool = False):
+        """``lazy_cache``: the KV buffers are :func:`zero_pages`, resident only where written (a trace writes
+        one slot), so a value-free build's memory does not grow with ctx."""
         super().__init__()
         get_variant(variant)
         if kv_mode not in KV_MODES:
@@ -221,10 +202,13 @@ class DecodeStep(nn.Module):
         self.geometry: AttentionGeometry = geometry_of(model.config)
         self.ctx, self.variant, self.kv_mode, self.cache_dtype = ctx, variant, kv_mode, cache_dtype
         g = self.geometry
+        self.lazy_cache = lazy_cache
         if kv_mode == "state":
+            shape = (1, g.num_kv_heads, ctx, g.head_dim)
             for i in range(g.num_layers):
-                self.register_buffer(f"k_cache_{i}", torch.zeros(1, g.num_kv_heads, ctx, g.head_dim, dtype=cache_dtype))
-                self.register_buffer(f"v_cache_{i}", torch.zeros(1, g.num_kv_heads, ctx, g.head_dim, dtype=cache_dtype))
+                for kv in "kv":
+                    buf = zero_pages(shape, cache_dtype) if lazy_cache else torch.zeros(shape, dtype=cache_dtype)
+                    self.register_buffer(f"{kv}_cache_{i}", buf)
 
     def reset(self) -> None:
         for name, buf in self.named_buffers():
@@ -293,7 +277,8 @@ def example_inputs(step: DecodeStep, pos: int = 0, token: int = 1) -> tuple[torc
     ins = [torch.tensor([[token]], dtype=torch.int32), torch.tensor([pos], dtype=torch.int32),
            make_mask(step.ctx, pos, torch.float16, include_current=step.kv_mode == "state")]
     if step.kv_mode == "input":
-        ins += [torch.zeros(1, g.num_kv_heads, step.ctx, g.head_dim, dtype=step.cache_dtype)
+        shape = (1, g.num_kv_heads, step.ctx, g.head_dim)
+        ins += [zero_pages(shape, step.cache_dtype) if step.lazy_cache else torch.zeros(shape, dtype=step.cache_dtype)
                 for _ in range(2 * g.num_layers)]
     return tuple(ins)
 

@@ -53,12 +53,12 @@ class PrefillStep(DecodeStep):
     :class:`~analyzer.model.decode.DecodeStep`."""
 
     def __init__(self, model, ctx: int, variant: str, kv_mode: str = "state", q_len: int = DEFAULT_Q_LEN,
-                 cache_dtype=None, all_logits: bool = False):
+                 cache_dtype=None, all_logits: bool = False, lazy_cache: bool = False):
         import torch
 
         if isinstance(q_len, bool) or not isinstance(q_len, int) or not 2 <= q_len <= ctx:
             raise SourceError(f"prefill q_len {q_len!r}: must be an integer from 2 to ctx={ctx}")
-        super().__init__(model, ctx, variant, kv_mode, cache_dtype or torch.float16)
+        super().__init__(model, ctx, variant, kv_mode, cache_dtype or torch.float16, lazy_cache=lazy_cache)
         self.q_len, self.all_logits = q_len, all_logits
 
     def forward(self, input_ids, current_pos, causal_mask, *kv_inputs):
@@ -130,7 +130,10 @@ def example_prefill_inputs(step: PrefillStep, pos: int = 0, token: int = 1) -> t
     ins = [torch.full((1, step.q_len), token, dtype=torch.int32), torch.tensor([pos], dtype=torch.int32),
            make_prefill_mask(step.ctx, pos, step.q_len, torch.float16, step.kv_mode)]
     if step.kv_mode == "input":
-        ins += [torch.zeros(1, g.num_kv_heads, step.ctx, g.head_dim, dtype=step.cache_dtype)
+        from analyzer.model.decode import zero_pages
+
+        shape = (1, g.num_kv_heads, step.ctx, g.head_dim)
+        ins += [zero_pages(shape, step.cache_dtype) if step.lazy_cache else torch.zeros(shape, dtype=step.cache_dtype)
                 for _ in range(2 * g.num_layers)]
     return tuple(ins)
 

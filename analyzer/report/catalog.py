@@ -71,14 +71,16 @@ class RefFacts:
     model_type: str | None = None
     phase: str = "decode"  # "prefill", "decode+prefill", or one function of it: "decode+prefill: prefill"
     q_len: int = 1  # prompt tokens per prefill call
+    build_mode: str = "materialised"  # "analysis": value-free weights, no package (analyzer.build.builds)
 
     def label(self) -> str:
         """``exaone-4.0-1.2b · qfold · ctx 4096 · top8 · full size · KV state``: what distinguishes, first (a
-        prefill one says ``prefill 64`` after the ctx)."""
+        prefill one says ``prefill 64`` after the ctx; an analysis-mode build ends with ``analysis mode``)."""
         phase = () if self.phase == "decode" else (self.phase.replace(":", f" {self.q_len}:", 1) if ":" in self.phase
                                                    else f"{self.phase} {self.q_len}",)
+        mode = ("analysis mode",) if self.build_mode == "analysis" else ()
         return " · ".join((self.model, self.variant, f"ctx {self.ctx}", *phase, self.compression, self.size,
-                           f"KV {self.kv_mode}"))
+                           f"KV {self.kv_mode}", *mode))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +171,8 @@ def spec_facts(spec: StoredSpec, function: str | None = None) -> RefFacts:
     return RefFacts(model=spec.source.label, variant=spec.variant, ctx=spec.ctx, kv_mode=spec.kv_mode,
                     compression=compression_name(spec), size=size_mode(spec.source.overrides),
                     model_type=spec.source.config_dict.get("model_type"),
-                    phase=phase if phase == spec.phase else f"{spec.phase}: {phase}", q_len=spec.q_len)
+                    phase=phase if phase == spec.phase else f"{spec.phase}: {phase}", q_len=spec.q_len,
+                    build_mode=spec.build_mode)
 
 
 def describe_spec(spec: StoredSpec, function: str | None = None) -> str:

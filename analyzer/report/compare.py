@@ -54,9 +54,9 @@ def compression_name(spec: StoredSpec) -> str:
 
 
 def build_mode(spec: StoredSpec) -> str:
-    """How the build converted its weights (a newer qfold records ``build_mode``; older builds materialised)."""
-    mode = getattr(spec, "build_mode", None) or spec.extra.get("build_mode")
-    return str(mode) if mode else DEFAULT_BUILD_MODE
+    """How the build converted its weights (``StoredSpec.build_mode``; documents older than build modes read as
+    materialised)."""
+    return spec.build_mode or DEFAULT_BUILD_MODE
 
 
 @dataclass(frozen=True, slots=True)

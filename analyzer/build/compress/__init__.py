@@ -5,7 +5,9 @@
 from analyzer.build.compress.apply import (
     KMEANS1D_MIN_WEIGHTS,
     WeightAssignment,
+    check_all_compressed,
     compress_model,
+    optimization_configs,
     plan_weights,
 )
 from analyzer.build.compress.spec import (
@@ -28,7 +30,28 @@ from analyzer.build.compress.spec import (
     preset_of,
 )
 
-__all__ = ["ASSUMED_ATTENTION", "DEFAULT_GROUP_CHANNELS", "KMEANS1D_MIN_WEIGHTS", "LAYER_PARTS", "PALETTE_BITS",
-           "PARTS", "PRESETS", "CompressionError", "CompressionPlan", "Preset", "Scheme", "WeightAssignment",
-           "canonical_spec", "compress_model", "format_layers", "needs_untie", "parse_layers", "parse_scheme",
-           "parse_spec", "plan_weights", "preset_of"]
+__all__ = [
+    "ASSUMED_ATTENTION",
+    "DEFAULT_GROUP_CHANNELS",
+    "KMEANS1D_MIN_WEIGHTS",
+    "LAYER_PARTS",
+    "PALETTE_BITS",
+    "PARTS",
+    "PRESETS",
+    "CompressionError",
+    "CompressionPlan",
+    "Preset",
+    "Scheme",
+    "WeightAssignment",
+    "canonical_spec",
+    "check_all_compressed",
+    "compress_model",
+    "format_layers",
+    "needs_untie",
+    "optimization_configs",
+    "parse_layers",
+    "parse_scheme",
+    "parse_spec",
+    "plan_weights",
+    "preset_of",
+]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from analyzer.build.compress.spec import CompressionError, CompressionPlan, Scheme
 from analyzer.graph.compression import WEIGHT_PARAMS, weight_part
@@ -142,15 +143,12 @@ def _check_kmeans(assignments: Sequence[WeightAssignment]) -> None:
             )
 
 
-def compress_model(mlmodel, plan: CompressionPlan):
-    """Compress the weights of a converted ML Program per the plan: palettization first, then int8 linear
-    quantization, each with per-const configs keyed by const name (``OptimizationConfig(op_name_configs=…)``).
-    Returns the new MLModel; raises :class:`CompressionError` if coremltools skipped a weight the plan
-    compresses."""
+def optimization_configs(assignments: Sequence[WeightAssignment]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The coremltools op configs of a plan, keyed by const name: ``(palettize, linear_quantize)``. One config
+    object per (scheme, group) so equal schemes share it. Used by :func:`compress_model` and by the value-free
+    compression of an analysis-mode build (``analyzer.build.valuefree.compress_program``)."""
     import coremltools.optimize.coreml as cto
 
-    assignments = plan_weights(mlmodel, plan)
-    _check_kmeans(assignments)
     configs: dict[tuple[Scheme, int], object] = {}
 
     def config(a: WeightAssignment):
@@ -169,17 +167,36 @@ def compress_model(mlmodel, plan: CompressionPlan):
 
     pal = {a.const_name: config(a) for a in assignments if a.scheme.method == "palettize"}
     lin = {a.const_name: config(a) for a in assignments if a.scheme.method == "linear"}
+    return pal, lin
+
+
+def check_all_compressed(assignments: Sequence[WeightAssignment], left: Iterable[str]) -> None:
+    """Raise :class:`CompressionError` if a weight the plan compresses is still a plain const (``left``: the
+    const weight names after compression)."""
+    left = set(left)
+    skipped = [a for a in assignments if a.scheme.compresses and a.const_name in left]
+    if skipped:
+        a = skipped[0]
+        raise CompressionError(
+            f"coremltools left {len(skipped)} weight(s) uncompressed, e.g. {a.const_name!r} "
+            f"{list(a.shape)} ({a.scheme.token}); its log says why"
+        )
+
+
+def compress_model(mlmodel, plan: CompressionPlan):
+    """Compress the weights of a converted ML Program per the plan: palettization first, then int8 linear
+    quantization, each with per-const configs keyed by const name (``OptimizationConfig(op_name_configs=…)``).
+    Returns the new MLModel; raises :class:`CompressionError` if coremltools skipped a weight the plan
+    compresses."""
+    import coremltools.optimize.coreml as cto
+
+    assignments = plan_weights(mlmodel, plan)
+    _check_kmeans(assignments)
+    pal, lin = optimization_configs(assignments)
     if pal:
         mlmodel = cto.palettize_weights(mlmodel, cto.OptimizationConfig(op_name_configs=pal))
     if lin:
         mlmodel = cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(op_name_configs=lin))
     if pal or lin:
-        left = set(_const_weights(mlmodel.get_spec()))
-        skipped = [a for a in assignments if a.scheme.compresses and a.const_name in left]
-        if skipped:
-            a = skipped[0]
-            raise CompressionError(
-                f"coremltools left {len(skipped)} weight(s) uncompressed, e.g. {a.const_name!r} "
-                f"{list(a.shape)} ({a.scheme.token}); its log says why"
-            )
+        check_all_compressed(assignments, _const_weights(mlmodel.get_spec()))
     return mlmodel

@@ -1,0 +1,154 @@
+"""Torch models before (or without) the source's weight values.
+
+* :func:`empty_model`: the family's ``*ForCausalLM`` with parameters allocated but never written, which
+  ``decode.build_model`` then fills (safetensors or seeded random).
+* Value-free models (the ``analysis`` build mode, ``analyzer.build.valuefree``): every parameter a zero-page
+  placeholder while traced (:func:`build_value_free_model`), then a zero-stride fp16 view of one constant per
+  tensor while converted (:func:`assign_value_free_weights_`): shapes and dtypes, no values, no memory.
+* The reduced model (:func:`reduced_source`): the same attention geometry at a size whose fp32 model costs
+  seconds, on which the variants' numerical equivalence is checked (never on value-free weights).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from analyzer.errors import SourceError
+from analyzer.model.sources import ModelSource, geometry_of, load_config
+
+
+def empty_model(source: ModelSource, dtype: torch.dtype) -> nn.Module:
+    """The ``*ForCausalLM`` of a source with its parameters allocated in ``dtype`` but never written
+    (``no_init_weights``), its buffers (RoPE tables, embedding scales) computed as usual, weights tied."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    config = load_config(source)
+    config._attn_implementation = "eager"
+    try:
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except ValueError as e:
+        raise SourceError(f"model_type={config.model_type!r} has no causal-LM class in transformers: {e}") from e
+    model.tie_weights()  # no_init_weights skips the init that would tie them
+    return model
+
+
+def check_weight_shapes(model: nn.Module, source: ModelSource, found: dict[str, tuple[int, ...]]) -> None:
+    """Refuse safetensors whose tensor names or shapes do not fit the model the config implies: none of the
+    names match, a shape differs, or a tensor is missing (a tied lm_head and RoPE's inv_freq may be)."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected and not (set(found) & set(expected)):
+        raise SourceError(
+            f"{source.ref}: no tensor name in the safetensors files matches the model "
+            f"(first found: {unexpected[0]!r}, first expected: {next(iter(expected))!r})"
+        )
+    for name, shape in found.items():
+        if name in expected and shape != expected[name]:
+            raise SourceError(f"{source.ref}: tensor {name!r} has shape {list(shape)}, "
+                              f"the config implies {list(expected[name])}")
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing = [m for m in expected if m not in found and m not in tied and not m.endswith("inv_freq")]
+    if missing:
+        raise SourceError(f"{source.ref}: safetensors files lack {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def safetensors_shapes(source: ModelSource) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of a folder source's safetensors files, from their headers only (no tensor data is
+    read): what a value-free build checks its model against."""
+    from pathlib import Path
+
+    from safetensors import SafetensorError, safe_open
+
+    out: dict[str, tuple[int, ...]] = {}
+    for w in source.weights:
+        path = Path(source.ref) / w.name  # names come from a glob of that folder
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                out.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+        except (SafetensorError, OSError) as e:
+            raise SourceError(f"{path}: not a readable safetensors file ({e})") from e
+    return out
+
+
+def zero_pages(shape, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """A tensor backed by a private anonymous memory map that nothing has written: it reads as zeros and the
+    kernel maps its shared zero page until a page is written, so reading it adds nothing to the resident set
+    however large it is (measured: a 1 GiB read, +0 GB RSS). Private, not ``mmap``'s default shared mapping:
+    a shared anonymous map is shmem, whose read faults allocate real pages."""
+    import mmap
+
+    n = max(1, math.prod(shape))
+    size = n * torch.empty((), dtype=dtype).element_size()
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=dtype, count=n).view(tuple(shape))
+
+
+def build_value_free_model(source: ModelSource) -> nn.Module:
+    """The fp16 ``*ForCausalLM`` of a source with every parameter a zero placeholder (:func:`zero_pages`) and
+    its buffers real. Trace it as is (a forward over zeros costs no memory), then call
+    :func:`assign_value_free_weights_` before converting. Real safetensors weights are not read: only their
+    headers, checked against the model (:func:`check_weight_shapes`)."""
+    model = empty_model(source, torch.float16)
+    if source.has_real_weights:  # the values are not needed, but the files must fit the config
+        check_weight_shapes(model, source, safetensors_shapes(source))
+    for p in model.parameters():  # tied parameters are yielded once
+        p.requires_grad_(False)
+        p.data = zero_pages(p.shape)
+    return model.to(torch.float16).eval()  # buffers (e.g. RoPE inv_freq) to fp16, as build_model does
+
+
+def value_free_constant(index: int) -> float:
+    """The value every element of the ``index``-th parameter takes in a value-free build: 2^-7·(1 + j/1024)
+    for j = index mod 1024 (exact in fp16, whose spacing in [2^-7, 2^-6) is 2^-17), one binade up per 1024
+    tensors. Distinct per tensor, so ``common::const_deduplication`` merges nothing it would not merge in a
+    random-weight build; never 0 or 1, so ``common::noop_elimination`` cannot drop a real multiply or add;
+    small, so a traced forward stays finite."""
+    return 2.0 ** (-7 + index // 1024) * (1 + (index % 1024) / 1024)
+
+
+def assign_value_free_weights_(model: nn.Module) -> int:
+    """Make every parameter a zero-stride fp16 view of one constant (:func:`value_free_constant`), in place, so
+    a trace that shares these parameters converts with shape-and-dtype-only weights: 2 bytes per tensor
+    instead of 2 per element. Tied parameters stay one tensor. Returns the number of parameters."""
+    params = list(model.parameters())
+    for i, p in enumerate(params):
+        p.data = torch.full((), value_free_constant(i), dtype=torch.float16).expand(p.shape)
+    return len(params)
+
+
+def reduced_source(source: ModelSource, layers: int = 2, vocab_size: int = 1000, intermediate_size: int = 512,
+                   hidden_size: int = 256) -> ModelSource:
+    """The same attention geometry (query heads, KV heads, head_dim, the family's code) at a size whose
+    materialised fp32 model costs seconds: ``layers`` decoder layers (more when the config's ``layer_types``
+    pattern needs them for every attention kind to occur), a smaller vocabulary and MLP, random weights, and
+    a smaller hidden size when the config states ``head_dim`` (otherwise head_dim = hidden / heads, so the
+    hidden size stays). The numerical equivalence of the variants is checked on this model, never on
+    value-free weights (equal constants make every head alike, so a wrong head mapping would pass)."""
+    from analyzer.model.sources import source_from_fingerprint
+
+    raw = source.config_dict
+    g = geometry_of(load_config(source))
+    types_ = raw.get("layer_types")
+    if isinstance(types_, list) and types_:
+        layers = max(layers, 1 + max(types_.index(t) for t in set(types_)))
+    changes: dict[str, int] = {"num_hidden_layers": min(layers, g.num_layers),
+                               "vocab_size": min(vocab_size, g.vocab_size)}
+    if isinstance(raw.get("intermediate_size"), int):
+        changes["intermediate_size"] = min(intermediate_size, raw["intermediate_size"])
+    if isinstance(raw.get("head_dim"), int):
+        changes["hidden_size"] = min(hidden_size, g.hidden_size)
+    cfg = dict(raw, **changes)
+    if isinstance(types_, list) and types_:
+        cfg["layer_types"] = types_[: changes["num_hidden_layers"]]
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        ids = cfg.get(key)
+        if any(isinstance(i, int) and i >= cfg["vocab_size"] for i in (ids if isinstance(ids, list) else [ids])):
+            cfg[key] = None
+    overrides = tuple(f"{k}={v}" for k, v in changes.items())
+    return source_from_fingerprint("config", f"{source.ref} (reduced)", f"{source.label}-reduced",
+                                   {"config": cfg, "weights": [], "seed": source.seed}, overrides)
