@@ -36,7 +36,7 @@ def test_an_unsupported_family_is_refused_in_the_preview_naming_the_supported_on
 
 def test_the_cost_check_runs_in_the_preview(tiny_builds, monkeypatch):
     at = open_page(BUILDS)
-    assert any("Estimated peak memory per conversion" in c for c in texts(at.caption)), texts(at.caption)
+    assert any("of memory for" in c and "of a limit of" in c for c in texts(at.caption)), texts(at.caption)
     assert not at.button(key="builds_convert").disabled
     monkeypatch.setenv("QFOLD_MAX_BUILD_BYTES", "100000000")  # 0.1 GB: nothing fits
     at.number_input(key="builds_ctx").set_value(2048).run()
@@ -74,11 +74,11 @@ def test_the_builds_form_keeps_its_values_across_pages(tiny_builds):
 
 
 def test_a_failed_build_opens_its_log(tiny_builds, monkeypatch):
-    def failing(spec, root=None, on_progress=None, timeout_s=None):
+    def failing(specs, root=None, on_progress=None, timeout_s=None, force_ctx=False):
         on_progress(jobs.Progress(0.2, "convert", "tracing"))
-        raise BuildError(f"build {spec.key} failed: out of memory (log: x.log)")
+        raise BuildError(f"build {specs[0].key} failed: out of memory (log: x.log)")
 
-    monkeypatch.setattr(jobs, "run_build", failing)
+    monkeypatch.setattr(jobs, "run_builds", failing)
     at = open_page(BUILDS, builds_ctx=64, builds_layers=1, builds_variants=["qfold"])
     at.button(key="builds_convert").click().run()
     (job,) = at.session_state["builds_jobs"]

@@ -74,7 +74,7 @@ def test_a_running_conversion_shows_a_running_state(page, server, tiny_builds): 
     page.get_by_label("Context length (cache slots)").fill("32")
     page.keyboard.press("Enter")
     page.get_by_role("button", name="Remove repeat_kv").click()
-    page.get_by_text("Estimated peak memory per conversion").first.wait_for()  # the cost check ran first
+    page.get_by_text("of a limit of").first.wait_for()  # the cost check ran first
     page.get_by_role("button", name="Convert").click()
     box = page.locator('[data-testid="stExpander"]').filter(has_text="qwen3-0.6b-qfold-state-ctx32").first
     box.locator('[data-testid="stExpanderIconSpinner"]').wait_for()  # running, with stage and seconds
