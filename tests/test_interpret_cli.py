@@ -148,6 +148,17 @@ def test_run_writes_outputs_and_final_states(foreign, tmp_path, capsys):
                  "--out", str(out)]) == 0
     with np.load(out) as got:
         assert np.array_equal(got["memory"][0, 0, :2], TABLE[[3, 5]])
+    # a run's OUT.npz (outputs beside the final states) chains as the next --states as it is
+    third = {**_good_inputs(), "tok": np.array([[7]]), "where": np.array([2])}
+    chained = tmp_path / "chained.npz"
+    assert main(["run", str(foreign), "--inputs", str(_feed(tmp_path, **third)), "--states", str(out),
+                 "--out", str(chained)]) == 0
+    with np.load(chained) as got:
+        assert np.array_equal(got["memory"][0, 0, :3], TABLE[[3, 5, 7]])
+    np.savez(states, memory=np.zeros((1, 1, SLOTS, DIM)), stray=np.zeros(1))  # a name that is no state or output
+    assert main(["run", str(foreign), "--inputs", str(_feed(tmp_path, **third)), "--states", str(states),
+                 "--out", str(chained)]) == 1
+    assert "state 'stray' is not among the states" in capsys.readouterr().err
 
 
 def test_run_decode_steps_from_the_cli(foreign, tmp_path):

@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     src.add_argument("--inputs", metavar="IN.npz", help="one array per input name")
     src.add_argument("--steps", type=positive_int, metavar="N", help="decode N steps with seeded random tokens")
     p.add_argument("--out", required=True, metavar="OUT.npz", help="outputs (and final states) are written here")
-    p.add_argument("--states", metavar="S.npz", help="initial state values (default: zeros)")
+    p.add_argument("--states", metavar="S.npz", help="initial state values (default: zeros); a previous run's "
+                                                     "OUT.npz works as is (its outputs are skipped)")
     p.add_argument("--function", metavar="NAME", help="function of a multi-function package (default: main)")
     p.add_argument("--input-spec", metavar="SPEC.json",
                    help="with --steps: which inputs are token ids, positions, masks, KV caches: JSON "
@@ -75,6 +76,8 @@ def cmd_run(args) -> int:
     interp = load_program(args.package, args.function)
     t_load = time.monotonic() - t0
     states = read_npz(args.states, "--states") if args.states else None
+    if states is not None:  # a previous run's OUT.npz holds its outputs beside the final states: it chains as is
+        states = {k: v for k, v in states.items() if k not in interp.output_names and k != "tokens"}
     t1 = time.monotonic()
     if args.inputs is not None:
         result = interp.run(read_npz(args.inputs, "--inputs"), states)
