@@ -283,9 +283,9 @@ def test_cli_writes_the_table_last_line_is_its_path_and_failures_exit_nonzero(ti
 
 
 @pytest.mark.conversion
-def test_cli_sweeps_the_phase_prefill_rows_carry_flops_and_the_roofline(tiny_builds, builds_root, tmp_path):
-    """``--phase decode,prefill --q-len N``: decode points reuse the tiny builds, prefill points are built with the
-    key ``build --phase prefill --q-len N`` would use; bytes are per call, FLOPs per (prompt) token."""
+def test_cli_sweeps_the_phase_prefill_rows_carry_flops_and_the_roofline(builds_root, tmp_path):
+    """``--phase decode,prefill --q-len N``: every point is built (analysis mode, the sweep's default) with the key
+    ``build --phase prefill --q-len N`` would use; bytes are per call, FLOPs per (prompt) token."""
     env = dict(os.environ, QFOLD_BUILDS=str(builds_root))
     out = tmp_path / "phases.csv"
     run = subprocess.run([sys.executable, "-m", "analyzer", "sweep", "--structure", "--set", "num_hidden_layers=2",
@@ -298,8 +298,9 @@ def test_cli_sweeps_the_phase_prefill_rows_carry_flops_and_the_roofline(tiny_bui
     src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
     for variant in ("repeat_kv", "qfold"):
         decode, prefill = frame.loc[(variant, "decode")], frame.loc[(variant, "prefill")]
-        assert decode["status"] == "reused" and decode["path"] == str(tiny_builds[variant])
-        assert prefill["key"] == BuildSpec(src, variant, "state", TINY_CTX, phase="prefill", q_len=16).key
+        assert decode["key"] == BuildSpec(src, variant, "state", TINY_CTX, build_mode="analysis").key
+        assert prefill["key"] == BuildSpec(src, variant, "state", TINY_CTX, phase="prefill", q_len=16,
+                                           build_mode="analysis").key
         assert decode["tokens_per_call"] == 1 and prefill["tokens_per_call"] == 16
         assert prefill["bytes_total"] > decode["bytes_total"]  # per call: 16 rows of activations and KV writes
         assert 0 < decode["flops_total"] and 0 < prefill["flops_total"]
