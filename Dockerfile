@@ -12,7 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Graphviz's dot draws the Graph tab, `python -m analyzer graph --out FILE.svg` and the report's layer graphs.
+# Graphviz's dot draws the Graph tab, `qfold graph --out FILE.svg` and the report's layer graphs.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends graphviz \
     && rm -rf /var/lib/apt/lists/*
@@ -25,6 +25,8 @@ RUN pip install -r requirements.txt
 
 # The code belongs to root and is read-only for the app; only the build cache is writable.
 COPY . .
+# the `qfold` command (its dependencies are the pinned requirements installed above)
+RUN pip install --no-deps .
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin qfold \
     && mkdir -p /app/builds \
     && chown qfold:qfold /app/builds

@@ -8,19 +8,23 @@ FULLSIZE_LOCK ?=
 
 .PHONY: app test lint shipped
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt -e .
 	touch $(STAMP)
 
 app: $(STAMP)
 	$(VENV)/bin/streamlit run app.py
 
-test: $(STAMP)
-	bash scripts/ensure-system-packages
+# Debian's packages install while pip installs the venv (apt and pip share nothing): on a fresh machine the two
+# waits overlap instead of adding up.
+test:
+	@bash scripts/ensure-system-packages & system=$$!; \
+	$(MAKE) --no-print-directory $(STAMP); venv=$$?; \
+	wait $$system; apt=$$?; [ $$venv -eq 0 ] && [ $$apt -eq 0 ]
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -6,7 +6,10 @@ from pathlib import Path
 import streamlit as st
 
 import analyzer
-from app_pages import shared
+from analyzer import fmt
+from analyzer.errors import QfoldError
+from analyzer.report.catalog import builds_root
+from app_pages import url_state
 
 SIDEBAR_PX = 200  # Streamlit's narrowest sidebar: at 900 px wide the headline keeps two cards a row
 # A local favicon: without one, Streamlit fetches the active page's material icon from fonts.gstatic.com.
@@ -22,8 +25,13 @@ pages = [
     st.Page("app_pages/export.py", title="Export", icon=":material/download:", url_path="export"),
 ]
 page = st.navigation(pages)
-shared.url_restore()  # a reload or a pasted link reopens the same comparison (A, B, packages, bandwidth)
-shared.url_save()
+try:
+    root = builds_root()
+except QfoldError as e:  # $QFOLD_BUILDS names a file: say so on every page rather than crash on each
+    st.error(f"The builds folder cannot be used: {fmt.md_text(e)}", icon=":material/error:")
+    st.stop()
+url_state.url_restore()  # a reload or a pasted link reopens the same comparison (A, B, packages, bandwidth)
+url_state.url_save()
 with st.sidebar:
-    st.caption(f"qfold {analyzer.__version__} · builds in `{shared.builds_root()}`")
+    st.caption(f"qfold {analyzer.__version__} · builds in {fmt.md(root)}")
 page.run()

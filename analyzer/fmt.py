@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable, Sequence
 
 MIB = 1 << 20  # MiB = 2^20 bytes
@@ -168,3 +169,49 @@ def to_csv(rows: Iterable[dict], columns: Sequence[str]) -> str:
     for r in rows:
         w.writerow([csv_safe(csv_number(r.get(c))) for c in columns])
     return buf.getvalue()
+
+
+def quoted(text: str, limit: int = 40) -> str:
+    """``text`` quoted for an error message, cut to ``limit`` characters with its length said:
+    ``'99999…'… (5,000 characters)``, so a refused 5,000-digit value never makes a 10 kB line."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text):,} characters)"
+
+
+def md(text: object) -> str:
+    """``text`` (a URL parameter, a file name, a label, a path, an op name) for a Streamlit markdown surface
+    (``st.markdown``, ``st.caption``, ``st.error`` …), shown as the characters it is: a code span, fenced by one
+    backtick more than the longest run inside it (CommonMark). Nothing in a code span is markup: no link (not
+    even a bare URL, which GFM would otherwise turn into one after any escaping), no image fetched from another
+    host, no HTML, none of Streamlit's ``:red[…]`` / ``:material/…:`` / ``$…$`` extensions. Line breaks become
+    spaces."""
+    flat = " ".join(str(text).splitlines())
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {flat} {fence}"
+
+
+# Every ASCII punctuation character may be backslash-escaped in CommonMark; Streamlit's extensions (``:red[…]``,
+# ``:material/…:``, ``$…$``) hang off punctuation too.
+_MARKDOWN_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def md_text(text: object) -> str:
+    """A whole message that holds user text (an error naming a typed path, a verdict naming a device) for a
+    markdown surface, in normal type: every punctuation character escaped, so no image is fetched, no link
+    hides behind words and no markup applies; a word GFM would turn into a link by itself (``http://…``,
+    ``www.…``, an e-mail address) becomes a code span. Use :func:`md` for a value on its own."""
+    words = re.split(r"(\s+)", " ".join(str(text).splitlines()))
+    return "".join(md(w) if _AUTOLINK.search(w) else _MARKDOWN_SPECIAL.sub(r"\\\1", w) for w in words)
+
+
+# What GFM's autolink-literal extension links without any markup (it runs on text after escapes are resolved).
+_AUTOLINK = re.compile(r"://|www\.|@|mailto:|xmpp:", re.IGNORECASE)
+
+
+def plot_text(text: object) -> str:
+    """``text`` (a device or build label from a log, a package's name) for a plotly string (a trace name, a
+    tick label, a marker's text, a hover label), shown as the characters it is: plotly renders a subset of HTML in
+    every string (``<a href>`` a clickable link, ``<b>``, ``<span style>``, ``<br>``) and decodes entities, so
+    ``&``, ``<`` and ``>`` become entities; in a hover template ``%{`` would be a substitution, so ``%`` is one
+    too."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("%", "&#37;")

@@ -5,16 +5,17 @@ from __future__ import annotations
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.build.jobs import BuildJob
-from analyzer.build.rebuild import full_size_spec
+from analyzer.convert.jobs import BuildJob
+from analyzer.convert.rebuild import full_size_spec
 from analyzer.errors import QfoldError
 from analyzer.graph.accounting import CATEGORIES, DEFAULT_WEIGHT_CHARGE, WEIGHT_CHARGES
 from analyzer.graph.diff import diff_analyses
 from analyzer.model.cost import estimate
 from analyzer.model.sources import load_config
-from analyzer.report import figures
+from analyzer.report import figures, frames
+from analyzer.report import placement_figures as pf
 from analyzer.report.assumptions import WEIGHT_CHARGE_TEXT
-from analyzer.report.catalog import AnalysisRef, default_pair, matching_pair, shipped_analyses
+from analyzer.report.catalog import AnalysisRef, builds_root, default_pair, matching_pair, shipped_analyses
 from analyzer.report.compare import compare, structure_caveat
 from analyzer.report.headline import (
     NO_RUNTIME_NOTE,
@@ -25,17 +26,31 @@ from analyzer.report.headline import (
     headline_frame,
     package_fold_summary,
 )
-from app_pages import graph_view, phases, shared
+from analyzer.report.messages import for_ui
+from app_pages import (
+    analyses,
+    bandwidth_control,
+    graph_view,
+    jobs_state,
+    logs_state,
+    phases,
+    placement_tab,
+    url_state,
+    widgets,
+)
+from app_pages.session_keys import Key
 
 st.title("A/B: where the KV copies go")
-st.caption("Two Core ML decode graphs of one model, compared op by op: the `tile` ops `repeat_kv` leaves in the "
-           "MIL program, the bytes each decode token moves, and what that predicts for throughput.")
+st.caption("Two decode graphs of one model (Core ML or Core AI), compared op by op: the copies `repeat_kv` leaves "
+           "in the program (MIL `tile`, Core AI `broadcast_in_dims`), the bytes each decode token moves, and what "
+           "that predicts for throughput.")
 
-refs = shared.analysis_refs()
-by_id = shared.refs_by_id(refs)
-pair = shared.ab_pair(refs)
-for problem in shared.url_errors():
-    st.warning(f"This link asked for something this server cannot show: {problem}", icon=":material/link_off:")
+refs = analyses.analysis_refs()
+by_id = analyses.refs_by_id(refs)
+pair = logs_state.ab_pair(refs)
+for problem in url_state.url_errors():
+    st.warning(f"This link asked for something this server cannot show: {problem}",  # user parts already md()
+               icon=":material/link_off:")
 
 
 def rebuild_for_real(selected: tuple[AnalysisRef, AnalysisRef] | None) -> None:
@@ -48,36 +63,36 @@ def rebuild_for_real(selected: tuple[AnalysisRef, AnalysisRef] | None) -> None:
             return
         specs, problems = [], []
         for side, ref in zip("AB", selected or (), strict=False):
-            analysis = shared.load(ref) if ref.kind != "package" else None
+            analysis = analyses.load(ref) if ref.kind != "package" else None
             if analysis is None or analysis.build is None:
                 problems.append(f"{side} is a package made elsewhere: qfold has no spec to build it from.")
                 continue
             try:
                 specs.append(full_size_spec(analysis.build.spec))
             except QfoldError as e:
-                problems.append(f"{side}: {shared.for_ui(str(e))}")
+                problems.append(f"{side}: {for_ui(str(e))}")
         specs = list({s.key: s for s in specs}.values())  # A and B may be the same build
         for problem in problems:
-            st.caption(problem)
+            st.caption(fmt.md_text(problem))
         if not specs:
             st.info("Nothing to rebuild for this pair.")
             return
         try:
             costs = [estimate(load_config(s.source), s.ctx, s.build_mode) for s in specs]
         except QfoldError as e:
-            shared.error(e)
+            widgets.error(e)
             return
         st.warning("Converts at full size in **analysis mode** (value-free weights: the same analysis as a "
                    "materialised build, no package), in one child process: "
-                   + "; ".join(f"**{s.source.label} · {s.variant} · ctx {s.ctx}** (estimated "
+                   + "; ".join(f"{fmt.md(s.source.label)} **· {s.variant} · ctx {s.ctx}** (estimated "
                                f"{c.summary().removeprefix('~')})" for s, c in zip(specs, costs, strict=True))
                    + ". Other sessions keep working; conversions queue machine-wide. A runnable package: the "
                    "Export page.")
-        busy = any(not s.finished for s in shared.job_snapshots())
+        busy = any(not s.finished for s in jobs_state.job_snapshots())
         if busy:
             st.caption("A conversion started from this session is still running (see the Builds page).")
         if st.button(f"Queue {len(specs)} full-size build(s)", key="ab_rebuild", type="primary", disabled=busy):
-            shared.start_job(BuildJob(tuple(specs), shared.builds_root()))
+            jobs_state.start_job(BuildJob(tuple(specs), builds_root()))
             st.success("Queued. Follow the progress on the Builds page.")
         st.page_link("app_pages/builds.py", label="Builds page", icon=":material/build:")
 
@@ -98,19 +113,19 @@ if not {"repeat_kv", "qfold"} <= set(shipped):
 ids = [r.id for r in refs]
 # One picker a row: the labels lead with what tells analyses apart (model · variant · ctx · compression · size)
 # and stay readable at 900 px.
-a_id = shared.persisted_selectbox("A (baseline)", ids, "ab_a", default=pair[0].id,
+a_id = widgets.persisted_selectbox("A (baseline)", ids, Key.AB_A, default=pair[0].id,
                                   format_func=lambda i: by_id[i].label)
-b_id = shared.persisted_selectbox("B (candidate)", ids, "ab_b", default=pair[1].id,
+b_id = widgets.persisted_selectbox("B (candidate)", ids, Key.AB_B, default=pair[1].id,
                                   format_func=lambda i: by_id[i].label)
-shared.url_save()  # the pair is in the URL from the first view: reload or share it
+url_state.url_save()  # the pair is in the URL from the first view: reload or share it
 ref_a, ref_b = by_id[a_id], by_id[b_id]
 actions = st.container(horizontal=True, gap="xsmall", key="ab_actions")
 try:
-    analysis_a, analysis_b = shared.load(ref_a), shared.load(ref_b)
+    analysis_a, analysis_b = analyses.load(ref_a), analyses.load(ref_b)
 except QfoldError as e:
-    shared.error(e, "Cannot load the analysis: ")
+    widgets.error(e, "Cannot load the analysis: ")
     st.stop()
-label_a, label_b = shared.short_label(ref_a), shared.short_label(ref_b)
+label_a, label_b = analyses.short_label(ref_a), analyses.short_label(ref_b)
 if a_id == b_id:
     st.warning("A and B are the same analysis: every difference below is zero.")
 
@@ -122,44 +137,49 @@ if comparability.sentence() and a_id != b_id:
     twins = [(side, p) for side, p in twins if p is not None and (p[0].id, p[1].id) != (a_id, b_id)]
     for side, (base, cand) in twins:
         actions.button(f"Open the matching pair of {side}", key=f"ab_match_{side}", icon=":material/join:",
-                       on_click=shared.set_persisted, kwargs={"values": {"ab_a": base.id, "ab_b": cand.id}},
-                       help=f"{base.label} vs {cand.label}")
+                       on_click=widgets.set_persisted, kwargs={"values": {Key.AB_A: base.id, Key.AB_B: cand.id}},
+                       help=f"{fmt.md(base.label)} vs {fmt.md(cand.label)}")
 
 # The page opens on the A/B the device logs measured; the shipped fp16 pair (predicted only) is one click away.
-logged, fp16 = shared.measured_ab_pairs(refs), default_pair(refs)
-measured = shared.measured(ref_a, ref_b, refs)
+logged, fp16 = logs_state.measured_ab_pairs(refs), default_pair(refs)
+measured = logs_state.measured(ref_a, ref_b, refs)
 if logged and fp16 is not None and (fp16[0].id, fp16[1].id) != (logged[0].a.id, logged[0].b.id):
     on_logged = (a_id, b_id) == (logged[0].a.id, logged[0].b.id)
     target = fp16 if on_logged else (logged[0].a, logged[0].b)
-    st.caption(f"Opened on the A/B the device logs measured ({logged[0].build_a} → {logged[0].build_b} on "
-               f"{logged[0].device})." if on_logged else
+    st.caption(f"Opened on the A/B the device logs measured ({fmt.md(logged[0].build_a)} → "
+               f"{fmt.md(logged[0].build_b)} on {fmt.md(logged[0].device)})." if on_logged else
                "The device logs measured another pair; this one is predicted only." if measured is None else "")
     actions.button("Open the fp16 pair (predicted only)" if on_logged else "Back to the measured pair",
-                   key="ab_switch", icon=":material/swap_horiz:", on_click=shared.set_persisted,
-                   kwargs={"values": {"ab_a": target[0].id, "ab_b": target[1].id}})
+                   key="ab_switch", icon=":material/swap_horiz:", on_click=widgets.set_persisted,
+                   kwargs={"values": {Key.AB_A: target[0].id, Key.AB_B: target[1].id}})
 with actions:
     rebuild_for_real((ref_a, ref_b))
 
-bw = shared.resolved_bandwidth(refs, prefer_device=measured.device if measured else None)
+bw = bandwidth_control.resolved_bandwidth(refs, prefer_device=measured.device if measured else None)
 h = ab_headline(analysis_a, analysis_b, bw_bytes_per_s=bw.bytes_per_s, label_a=label_a, label_b=label_b)
 diff = diff_analyses(analysis_a, analysis_b)
 caveat = structure_caveat(analysis_a, analysis_b)
 
 # ---------------------------------------------------------------------------------------------- headline
 # One wrapping row of fixed-width cards: at ≤ 900 px they flow onto more rows instead of cutting numbers off.
-where = None if measured is None else (
-    f"{measured.device}: {measured.build_a} ({measured.runs_a} run(s)) and {measured.build_b} ({measured.runs_b} "
-    "run(s)), means; see the Bandwidth model page for the cross-check.")
+where = None if measured is None else (  # a tooltip is markdown: the logs' device and build names as text
+    f"{fmt.md(measured.device)}: {fmt.md(measured.build_a)} ({measured.runs_a} run(s)) and {fmt.md(measured.build_b)} "
+    f"({measured.runs_b} run(s)), means; see the Bandwidth model page for the cross-check.")
 cards = headline_cards(h, None if measured is None else (measured.tok_per_s_a, measured.tok_per_s_b, where), caveat)
-card_px = shared.metric_width_px([c.value for c in cards])
+card_px = frames.metric_width_px([c.value for c in cards])
 with st.container(horizontal=True, gap="xsmall", key="ab_headline"):
     for card in cards:
         st.metric(card.label, card.value, delta=card.delta, delta_color=card.delta_color, help=card.help or None,
                   border=True, width=card_px, delta_arrow=card.delta_arrow)
-st.caption(f"Predicted tok/s use **{bw.label}**: {bw.source}." + (f" **{caveat}**" if caveat else ""),
+st.caption(f"Predicted tok/s use **{bw.label}**: {fmt.md_text(bw.source)}." + (f" **{caveat}**" if caveat else ""),
            help=bw.citation or None)
 for note in h.assumptions:
     st.caption(f"Assumed — {note}")
+for side, a in (("A", analysis_a), ("B", analysis_b)):  # a flexible package is analysed at stated shapes (#20)
+    if a.program.assumed_shapes:
+        shapes = "; ".join(x.text for x in a.program.assumed_shapes)  # input names come from the package: escaped
+        st.caption(f"Assumed — {side}'s flexible inputs analysed at {fmt.md_text(for_ui(shapes))} (set them where the "
+                   "package is analysed, on the Builds page)")
 prefill_sides = [f"{side} ({a.call.tokens_per_call} prompt tokens per call)"
                  for side, a in (("A", analysis_a), ("B", analysis_b)) if a.call.phase == "prefill"]
 if prefill_sides:
@@ -171,26 +191,27 @@ if prefill_sides:
 # Full-width blocks (the table, then the two settings and the equivalence side by side): nothing is squeezed at 900 px.
 cats = figures.category_frame(diff)
 st.markdown("**Bytes per decode token by category**")
-shared.show_table(shared.category_display(cats))
+widgets.show_table(frames.category_display(cats))
 flops = figures.flops_frame(diff)
 per = "per token" if analysis_a.call.phase == analysis_b.call.phase == "decode" else \
     "per token (per prompt token for a prefill)"
 with st.expander(f"FLOPs {per} by category: {fmt.gflop(int(flops['a_flops'].iloc[-1]))} → "
                  f"{fmt.gflop(int(flops['b_flops'].iloc[-1]))}"):
-    shared.table_with_download(flops, "ab_flops_csv", "flops_per_token.csv",
-                               display=shared.flops_display(flops),
+    widgets.table_with_download(flops, "ab_flops_csv", "flops_per_token.csv",
+                               display=frames.flops_display(flops),
                                caption="A multiply-add = 2 FLOPs; softmax 5 per element; elementwise and "
                                        "transcendental 1 per element (analyzer/graph/flops.py). Per call beside.")
 settings, about = st.columns(2)
 with settings:
-    shared.bandwidth_control("ab")
-    shared.persisted_radio(
-        "Compressed weights per token", WEIGHT_CHARGES, shared.WEIGHT_CHARGE_KEY, DEFAULT_WEIGHT_CHARGE,
-        horizontal=True, format_func=shared.CHARGE_NAMES.get,
+    bandwidth_control.bandwidth_control("ab")
+    widgets.persisted_radio(
+        "Compressed weights per token", WEIGHT_CHARGES, Key.WEIGHT_CHARGE, DEFAULT_WEIGHT_CHARGE,
+        horizontal=True, format_func=frames.CHARGE_NAMES.get,
         help=f"compressed: {WEIGHT_CHARGE_TEXT['compressed']}; decompressed: {WEIGHT_CHARGE_TEXT['decompressed']}. "
              "Which one a device does is not in the graph; fp16 analyses are the same either way.")
 with about:
-    eq = h.equivalence or package_fold_summary(ref_a.package_path, ref_b.package_path)  # a package and its fold
+    eq = h.equivalence or package_fold_summary(ref_a.package_path or ref_a.path,  # a package or asset and its fold
+                                               ref_b.package_path or ref_b.path)
     if eq is None:
         st.info("Equivalence: not available for this pair (it is checked in torch between the variants of one "
                 "source, KV mode, ctx and compression).", icon=":material/rule:")
@@ -199,9 +220,9 @@ with about:
 st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
 
 # ---------------------------------------------------------------------------------------------- side by side
-t_bytes, t_ops, t_tiles, t_layers, t_drill, t_phases, t_graph = st.tabs(
+t_bytes, t_ops, t_tiles, t_layers, t_drill, t_phases, t_place, t_graph = st.tabs(
     ["Bytes by category", "Op counts", "Tiles", "Bytes per layer", "Ops behind a total",
-     "Decode · prefill · roofline", "Graph"],
+     "Decode · prefill · roofline", "Placement", "Graph"],
     key="ab_tab", on_change="rerun")  # stateful, so the Graph tab runs only when it is open
 
 with t_bytes:
@@ -209,9 +230,9 @@ with t_bytes:
     with st.container():
         st.markdown("**Bytes per decode token** — select a row to see the ops behind it")
         shown = cats.drop(columns=["in_total"])
-        picked = shared.show_table(shown, key="ab_cat_table", on_select="rerun", selection_mode="single-row",
+        picked = widgets.show_table(shown, key="ab_cat_table", on_select="rerun", selection_mode="single-row",
                                    column_config={"category": st.column_config.TextColumn(width="small")})
-        st.download_button("Download CSV", shared.frame_csv(cats), "bytes_per_token.csv", "text/csv",
+        st.download_button("Download CSV", frames.frame_csv(cats), "bytes_per_token.csv", "text/csv",
                            key="ab_cat_csv", icon=":material/download:", on_click="ignore")
         st.caption("`kv_write_value_semantics` (a whole tensor per `slice_update`) is shown beside the totals, "
                    "not in them.")
@@ -223,14 +244,14 @@ with t_bytes:
         else:
             st.markdown(f"**Ops behind `{category}`**")
             for col, ref, label in zip(st.columns(2), (ref_a, ref_b), (label_a, label_b), strict=True):
-                d = figures.drilldown(shared.op_table(ref), category)
+                d = figures.drilldown(analyses.op_table(ref), category)
                 with col:
-                    st.markdown(f"{label}: **{len(d.rows):,} ops, {d.sum_bytes:,} bytes** "
+                    st.markdown(f"{fmt.md(label)}: **{len(d.rows):,} ops, {d.sum_bytes:,} bytes** "
                                 f"({fmt.size(d.sum_bytes, 'auto', None)})")
                     if d.rows.empty:
                         st.caption(f"No op moves {category} bytes.")
                         continue
-                    shared.show_table(d.rows[["bytes", "name", "type", "layer", "rule"]], max_height=300)
+                    widgets.show_table(d.rows[["bytes", "name", "type", "layer", "rule"]], max_height=300)
 
 with t_ops:
     changed_only = st.toggle("Only op types whose count changed", value=False, key="ab_ops_changed")
@@ -239,32 +260,32 @@ with t_ops:
     with st.container():
         st.markdown(f"**Ops: {h.total_ops_a:,} → {h.total_ops_b:,} with const, "
                     f"{h.non_const_ops_a:,} → {h.non_const_ops_b:,} without**")
-        shared.table_with_download(ops, "ab_ops_csv", "op_counts.csv", max_height=380)
+        widgets.table_with_download(ops, "ab_ops_csv", "op_counts.csv", max_height=380)
 
 with t_tiles:
     for col, analysis, label in zip(st.columns(2), (analysis_a, analysis_b), (label_a, label_b), strict=True):
         tiles = figures.tile_frame(analysis)
         with col:
-            st.markdown(f"**{label}: {len(tiles)} tile ops, "
+            st.markdown(f"{fmt.md(label)}: **{len(tiles)} tile ops, "
                         f"{fmt.size(analysis.summary.tile_output_bytes, 'auto', None)} of output**")
             if len(tiles):
-                shared.table_with_download(tiles, f"ab_tiles_csv_{label}", "tiles.csv", max_height=380,
-                                           display=shared.with_units(tiles, ["output_bytes"]))
+                widgets.table_with_download(tiles, f"ab_tiles_csv_{label}", "tiles.csv", max_height=380,
+                                           display=frames.with_units(tiles, ["output_bytes"]))
             else:
                 st.caption("No tile ops: K and V are read at their stored width.")
 
 with t_layers:
     layers = figures.layer_frame(analysis_a, analysis_b, label_a, label_b)
     st.plotly_chart(figures.layer_figure(layers), key="ab_layers_chart")
-    shared.table_with_download(layers, "ab_layers_csv", "bytes_by_layer.csv", max_height=300,
-                               display=shared.with_units(layers, ["total"]))
+    widgets.table_with_download(layers, "ab_layers_csv", "bytes_by_layer.csv", max_height=300,
+                               display=frames.with_units(layers, ["total"]))
 
 with t_drill:
     st.markdown("Filter the op table down to any total: every op's bytes per token, by category, largest first.")
     side = st.radio("Analysis", ["A", "B"], horizontal=True, key="ab_drill_side",
-                    format_func=lambda s: f"{s}: {label_a if s == 'A' else label_b}")
+                    format_func=lambda s: f"{s}: {fmt.md(label_a if s == 'A' else label_b)}")
     ref, analysis = (ref_a, analysis_a) if side == "A" else (ref_b, analysis_b)
-    ops_table = shared.op_table(ref)
+    ops_table = analyses.op_table(ref)
     f1, f2, f3 = st.columns(3)
     category = f1.selectbox("Category", ["total", *CATEGORIES], key="ab_drill_category")
     layer_options = ["all", *sorted(int(v) for v in ops_table["layer"].dropna().unique()), figures.OUTSIDE_LAYERS]
@@ -277,15 +298,20 @@ with t_drill:
     share = f", {100 * d.sum_bytes / total:.1f}% of the analysis's {category} per token" if total else ""
     st.markdown(f"**{len(d.rows):,} ops, sum {d.sum_bytes:,} bytes ({fmt.size(d.sum_bytes, 'auto', None)}, "
                 f"{fmt.size(d.sum_bytes, 'auto-si', None)})** per token{share}")
-    shared.table_with_download(d.rows, "ab_drill_csv", f"ops_{side}_{category}.csv", max_height=420)
+    widgets.table_with_download(d.rows, "ab_drill_csv", f"ops_{side}_{category}.csv", max_height=420)
 
 with t_phases:
     if t_phases.open:
         phases.ab_section(ref_a, ref_b, label_a, label_b, refs)
 
+with t_place:
+    if t_place.open:
+        placement_tab.placement_section((analysis_a, analysis_b), (label_a, label_b))
+
 with t_graph:
     if t_graph.open:
-        graph_view.ab_section(ref_a, ref_b, label_a, label_b)
+        joins, _ = placement_tab.placement_joins((analysis_a, analysis_b), placement_tab.session_plans())
+        graph_view.ab_section(ref_a, ref_b, label_a, label_b, devices=tuple(pf.op_devices(j) for j in joins))
 
 with st.expander("Headline numbers as a table"):
-    shared.table_with_download(headline_frame(h), "ab_headline_csv", "ab_headline.csv")
+    widgets.table_with_download(headline_frame(h), "ab_headline_csv", "ab_headline.csv")

@@ -7,53 +7,55 @@ from __future__ import annotations
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT
+from analyzer.device.bandwidth_model import DEFAULT_MAX_RESIDUAL_PCT
 from analyzer.device.logs import summarize
 from analyzer.device.profiles import load_profiles
 from analyzer.device.roofline import Roof, prefill_runs
+from analyzer.device.timing_report import device_model_report, report_text, table_from_analyses
 from analyzer.errors import QfoldError
 from analyzer.report import bandwidth_figures as figures
+from analyzer.report import frames
 from analyzer.report import roofline_figures as rf
 from analyzer.report.assumptions import assumption_notes
 from analyzer.report.catalog import phase_sibling
-from app_pages import phases, shared
+from app_pages import analyses, bandwidth_control, logs_state, phases, widgets
 
 st.title("Bandwidth model")
 st.caption("Decode on a phone is memory-bound, so tok/s ≈ BW ÷ bytes per token. Read backwards, a measured tok/s "
            "and a bandwidth give the effective bytes a token moved, which can be set beside the bytes the graph "
            "counts. This establishes scale and direction; it is not a DRAM measurement. MB = 10^6 bytes.")
 
-imported = shared.log_import()
+imported = logs_state.log_import()
 if not imported.measurements:
     st.warning("No accepted device runs: upload logs on the Device logs page.")
     st.page_link("app_pages/device_logs.py", label="Device logs", icon=":material/upload_file:")
     st.stop()
-refs = shared.analysis_refs()
-by_id = shared.refs_by_id(refs)
+refs = analyses.analysis_refs()
+by_id = analyses.refs_by_id(refs)
 labels = list(dict.fromkeys(m.build for m in imported.measurements))
-mapping = shared.log_mapping(labels, refs)
+mapping = logs_state.log_mapping(labels, refs)
 try:
-    analyses = shared.mapped_analyses(mapping, refs)
+    mapped = logs_state.mapped_analyses(mapping, refs)
 except QfoldError as e:
-    shared.error(e, "Cannot load a mapped analysis: ")
+    widgets.error(e, "Cannot load a mapped analysis: ")
     st.stop()
-graph = {label: a.bytes_per_token.total for label, a in analyses.items()}
+graph = {label: a.bytes_per_token.total for label, a in mapped.items()}
 mapped_to = sorted({by_id[i].label for i in mapping.values() if i in by_id})
-source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)" if shared.using_example_log()
+source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)" if logs_state.using_example_log()
           else "this session's uploaded logs")
-st.info(f"Using {source}; build labels mapped to: {'; '.join(mapped_to) or 'nothing yet'}. Change the logs or the "
-        "mapping on the Device logs page.", icon=":material/science:")
+st.info(f"Using {source}; build labels mapped to: {'; '.join(map(fmt.md, mapped_to)) or 'nothing yet'}. Change the "
+        "logs or the mapping on the Device logs page.", icon=":material/science:")
 
-shared.bandwidth_control("bw")  # the same setting as the A/B page's and the report's
-bw = shared.resolved_bandwidth(refs)
+bandwidth_control.bandwidth_control("bw")  # the same setting as the A/B page's and the report's
+bw = bandwidth_control.resolved_bandwidth(refs)
 overhead = st.toggle("Fit a fixed per-token time too", key="bw_overhead",
                      help="t = bytes / BW + t0; needs ≥ 3 builds with distinct bytes on a device to be testable.")
 if bw.fixed_bytes_per_s is None:
     st.caption("Fitted per device: least squares over each device's mapped builds (≥ 2 with distinct bytes); a "
-               f"device without a usable fit uses {bw.label} ({bw.source}).")
+               f"device without a usable fit uses {bw.label} ({fmt.md_text(bw.source)}).")
 else:
-    st.caption(f"Predictions use **{bw.label}**: {bw.source}.", help=bw.citation or None)
-result = shared.bandwidth_analysis(imported, graph, fixed_bw_bytes_per_s=bw.fixed_bytes_per_s, overhead=overhead)
+    st.caption(f"Predictions use **{bw.label}**: {fmt.md_text(bw.source)}.", help=bw.citation or None)
+result = logs_state.bandwidth_analysis(imported, graph, fixed_bw_bytes_per_s=bw.fixed_bytes_per_s, overhead=overhead)
 fits, assumptions, report = result.fits, result.bandwidth, result.crosscheck
 frame = figures.bandwidth_frame(report)
 pairs = figures.pairs_frame(report)
@@ -64,13 +66,13 @@ def mb_per_token(n_bytes: int | None) -> str:
 
 
 for p in report.pairs:
-    st.subheader(f"A/B cross-check on {p.device}")
-    st.markdown(f"A = `{p.build_a}` ({p.tok_per_s_a:.2f} tok/s), B = `{p.build_b}` ({p.tok_per_s_b:.2f} tok/s); "
-                f"BW {fmt.bandwidth(p.bw_bytes_per_s)}")
+    st.subheader(f"A/B cross-check on {fmt.md(p.device)}")
+    st.markdown(f"A = {fmt.md(p.build_a)} ({p.tok_per_s_a:.2f} tok/s), B = {fmt.md(p.build_b)} "
+                f"({p.tok_per_s_b:.2f} tok/s); BW {fmt.bandwidth(p.bw_bytes_per_s)}")
     with st.container(horizontal=True, gap="xsmall"):  # cards wrap rather than cut numbers on narrow screens
         values = [mb_per_token(n) for n in (p.inferred_bytes_per_token_a, p.inferred_bytes_per_token_b,
                                             p.inferred_diff_bytes, p.graph_diff_bytes)]
-        card = {"border": True, "width": shared.metric_width_px(values, minimum=250)}
+        card = {"border": True, "width": frames.metric_width_px(values, minimum=250)}
         st.metric("A inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_a), **card,
                   help=f"{fmt.bandwidth(p.bw_bytes_per_s)} ÷ {p.tok_per_s_a:.2f} tok/s")
         st.metric("B inferred, MB/token", mb_per_token(p.inferred_bytes_per_token_b), **card,
@@ -87,25 +89,27 @@ for p in report.pairs:
                 f"**{fmt.mb(p.graph_diff_bytes or 0, 0)}** ({abs(p.gap_pct or 0):.0f}% "
                 f"{'less' if (p.gap_pct or 0) < 0 else 'more'} inferred than counted).")
     for build in (p.build_a, p.build_b):
-        for note in assumption_notes(analyses[build]) if build in analyses else ():
-            st.caption(f"Assumed for `{build}`'s graph bytes — {note}")
+        for note in assumption_notes(mapped[build]) if build in mapped else ():
+            st.caption(f"Assumed for {fmt.md(build)}'s graph bytes — {note}")
 
 # ---------------------------------------------------------------------------------------------- chart
 st.subheader("Measured vs graph")
-st.plotly_chart(figures.bandwidth_figure(frame, shared.bandwidth_curves(bw.bytes_per_s, fits)), key="bw_chart")
+st.plotly_chart(figures.bandwidth_figure(frame, figures.bandwidth_curves(bw.bytes_per_s, fits)), key="bw_chart")
 st.markdown("The numbers of the charts on this page (filled markers: graph bytes; open markers: the bytes each "
             "measured tok/s implies at its device's bandwidth):")
-shared.table_with_download(frame, "bw_builds_csv", "bandwidth_crosscheck.csv", display=shared.crosscheck_display(frame))
+widgets.table_with_download(frame, "bw_builds_csv", "bandwidth_crosscheck.csv",
+                            display=frames.crosscheck_display(frame))
 if report.unmapped_builds:
-    st.caption(f"Not on the chart (no analysis mapped, so no graph bytes): {', '.join(report.unmapped_builds)}. "
-               "Map them on the Device logs page.")
+    st.caption("Not on the chart (no analysis mapped, so no graph bytes): "
+               f"{', '.join(map(fmt.md, report.unmapped_builds))}. Map them on the Device logs page.")
 uses: dict[str, list[str]] = {}
 for device, a in assumptions.items():
     extra = f" + {a.overhead_s * 1e3:.2f} ms/token" if a.overhead_s else ""
     uses.setdefault(f"{fmt.bandwidth(a.bytes_per_s)}{extra} ({a.source})", []).append(device)
 if bw.fixed_bytes_per_s is None:  # fitted: each device says which bandwidth its predictions use
     for what, devices in uses.items():
-        st.caption(f"Predictions for {', '.join(devices)} use {what}.")
+        # ``what`` of a fit names its device: escaped
+        st.caption(f"Predictions for {', '.join(map(fmt.md, devices))} use {fmt.md_text(what)}.")
 
 st.plotly_chart(figures.inferred_vs_graph_figure(frame), key="bw_inferred_chart")
 st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
@@ -115,22 +119,22 @@ st.subheader("Fits per device")
 if not fits:
     st.info("No device has a build mapped to an analysis, so nothing can be fitted.")
 for f in fits:
-    (st.success if f.explains_builds else st.warning)(f.verdict)
+    (st.success if f.explains_builds else st.warning)(fmt.md_text(f.verdict))  # it names devices and labels
     if f.unmapped_builds:
-        st.caption(f"{f.device}: left out of the fit (not mapped): {', '.join(f.unmapped_builds)}")
+        st.caption(f"{fmt.md(f.device)}: left out of the fit (not mapped): {', '.join(map(fmt.md, f.unmapped_builds))}")
 if len(pairs):
     with st.expander("A/B pairs as a table"):
-        shared.table_with_download(pairs, "bw_pairs_csv", "bandwidth_pairs.csv")
+        widgets.table_with_download(pairs, "bw_pairs_csv", "bandwidth_pairs.csv")
 compressed = {m.quantization for m in imported.measurements if m.build in graph and m.quantization}
 fp16_graphs = [label for label, ref_id in mapping.items()
                if ref_id and ref_id in by_id and label in graph
                and not dict(by_id[ref_id].spec).get("compression")]
 if compressed and fp16_graphs:
-    st.info("The logs' builds were quantized (" + "; ".join(sorted(compressed)) + ") but the analyses mapped to them "
-            "are fp16: their absolute bytes per token (mostly weights) differ from what the device read, so a single "
-            f"bandwidth cannot fit both (residuals above {DEFAULT_MAX_RESIDUAL_PCT:g}% are expected). The A/B "
-            "difference is unaffected: quantization and weights are the same on both sides, and the difference is "
-            "the KV replication.", icon=":material/info:")
+    st.info("The logs' builds were quantized (" + "; ".join(map(fmt.md, sorted(compressed))) + ") but the "
+            "analyses mapped to them are fp16: their absolute bytes per token (mostly weights) differ from what the "
+            "device read, so a single bandwidth cannot fit both (residuals above "
+            f"{DEFAULT_MAX_RESIDUAL_PCT:g}% are expected). The A/B difference is unaffected: quantization and weights "
+            "are the same on both sides, and the difference is the KV replication.", icon=":material/info:")
 
 # ---------------------------------------------------------------------------------------------- prefill runs
 st.subheader("Prefill runs against the compute roof")
@@ -140,18 +144,18 @@ if not prefill_summaries:
                "The fits above use decode runs only; prefill is compute-bound, so it is held against FLOPs instead.")
 else:
     profiles = {k: p for k, p in load_profiles().items() if p.has_compute_roof}
-    key = shared.persisted_selectbox("Device roofs for the prefill runs", list(profiles), "bw_roof_profile",
+    key = widgets.persisted_selectbox("Device roofs for the prefill runs", list(profiles), "bw_roof_profile",
                                      default=phases.DEFAULT_ROOF_PROFILE, format_func=lambda k: profiles[k].label)
     roof = Roof.of(profiles[key])
     prefill_analyses = {}
     for label, ref_id in mapping.items():
         sibling = phase_sibling(by_id[ref_id], "prefill", refs) if ref_id and ref_id in by_id else None
-        prefill_analyses[label] = shared.load(sibling) if sibling is not None else None
+        prefill_analyses[label] = analyses.load(sibling) if sibling is not None else None
     runs = prefill_runs(prefill_summaries, prefill_analyses, roof)
     prefill_frame = rf.prefill_runs_frame(runs)
     if prefill_frame["implied_flops_per_s"].notna().any():
         st.plotly_chart(rf.prefill_runs_figure(prefill_frame, roof), key="bw_prefill_chart")
-    shared.table_with_download(prefill_frame, "bw_prefill_csv", "prefill_runs.csv",
+    widgets.table_with_download(prefill_frame, "bw_prefill_csv", "prefill_runs.csv",
                                caption="implied FLOP/s = measured prompt tok/s × FLOPs per prompt token of the "
                                        "mapped label's prefill analysis (a prefill build, or the prefill function of a "
                                        "decode+prefill package); predicted = the roofline's bound for that analysis. "
@@ -159,13 +163,11 @@ else:
 
 # ---------------------------------------------------------------------------------------------- device model
 with st.expander("Device model: t = Σ bytes_c / BW_c + n_ops·τ + t0 (the same fit as `fit --sweep`)"):
-    from analyzer.device.model_report import device_model_report, report_text, table_from_analyses
-
-    if not analyses:
+    if not mapped:
         st.info("Map log labels to analyses on the Device logs page to fit the device model.")
     else:
-        model_report = device_model_report(imported.measurements, table_from_analyses(analyses))
+        model_report = device_model_report(imported.measurements, table_from_analyses(mapped))
         st.caption("Fitted per device on the mapped analyses' bytes by category, with only the terms these logs can "
-                   "identify; for a model selection between graphs, run a sweep and `python -m analyzer fit LOGS "
+                   "identify; for a model selection between graphs, run a sweep and `qfold fit LOGS "
                    "--sweep TABLE`, or see the Sweeps page.")
         st.code(report_text(model_report) or "no measured row matches a mapped analysis's ctx", language=None)

@@ -1,113 +1,57 @@
-"""Builds: convert a model (preset, uploaded config.json or a local folder) with one or more variants, follow
-the conversion, see the machine-wide queue and the cached builds, or analyse a .mlpackage made elsewhere."""
+"""Builds: convert a model (preset, uploaded config.json or a local folder) with one or more variants, to Core ML or
+Core AI, follow the conversion, see the machine-wide queue and the cached builds; analyse a .mlpackage or .aimodel
+made elsewhere, fold one, and time Core AI builds on the Core AI runtime (``builds_tools``)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.build.builds import ANALYSIS_MODE, BUILD_MODES, LOG_FILE, BuildSpec, is_complete
-from analyzer.build.compress import PRESETS, canonical_spec
-from analyzer.build.fold import fold_cached, fold_record_of
-from analyzer.build.jobs import BuildJob, JobSnapshot
-from analyzer.build.state import latest_log, queue
-from analyzer.errors import QfoldError, SourceError
+from analyzer.convert.builds_folder import latest_log, queue
+from analyzer.convert.compress import PRESETS, canonical_spec
+from analyzer.convert.jobs import BuildJob, JobSnapshot
+from analyzer.convert.launch import LOG_FILE, is_complete, unreadable_builds
+from analyzer.errors import QfoldError
 from analyzer.fsio import path_under_roots
+from analyzer.model.backends import (
+    BACKENDS,
+    COREAI,
+    COREML,
+    DEFAULT_WEIGHTS,
+    WEIGHT_DTYPES,
+    refused_variants,
+    require_coreai,
+)
 from analyzer.model.cost import BuildCost, check_request
-from analyzer.model.prefill import BUILD_PHASES, DEFAULT_Q_LEN
 from analyzer.model.sources import (
     DEFAULT_PRESET,
     STRUCTURE_OVERRIDES,
     AttentionGeometry,
     ModelSource,
-    geometry_of,
     list_presets,
-    load_config,
     load_config_dict,
-    resolve_source,
-    safe_label,
 )
+from analyzer.model.spec import ANALYSIS_MODE, BUILD_MODES, BUILD_PHASES, DEFAULT_Q_LEN, BuildSpec
 from analyzer.model.variants import KV_MODES, VARIANTS
-from analyzer.report.catalog import describe_spec, matching_pair, package_refs
-from app_pages import shared
+from analyzer.report.catalog import builds_root, describe_spec, matching_pair
+from analyzer.report.messages import for_ui
+from app_pages import analyses, builds_tools, jobs_state, source_cache, widgets
+from app_pages.session_keys import Key
 
 CUSTOM = "custom spec…"
 LOG_TAIL_LINES = 80
 
 st.title("Builds")
-root = shared.builds_root()
+root = builds_root()
 st.caption(f"Each build converts the decode step (or a prefill step of N prompt tokens, or both as one "
-           f"package) to Core ML (iOS18, fp16) in a child process and is cached by a "
-           f"content hash in `{root}`. Conversions run in the background: this page, and every other session, "
+           f"package) to Core ML (iOS18, fp16) or Core AI (an .aimodel) in a child process and is cached by a "
+           f"content hash in {fmt.md(root)}. Conversions run in the background: this page, and every other session, "
            "keeps working while they run.")
-
-
-# ---------------------------------------------------------------------------------------------- sources
-@st.cache_data(show_spinner="Reading the model config…", max_entries=32)
-def resolve_preset(name: str, overrides: tuple[str, ...]) -> tuple[ModelSource, AttentionGeometry]:
-    source = resolve_source(name, overrides)
-    return source, geometry_of(load_config(source))
-
-
-@st.cache_data(show_spinner="Reading the uploaded config…", max_entries=32)
-def resolve_uploaded(data: bytes, file_name: str, overrides: tuple[str, ...]) -> tuple[ModelSource, AttentionGeometry]:
-    """Parse the upload in memory; only a server-chosen name (a hash of the content) ever touches disk. The
-    source is labelled by the file's name and model type (``my-llama-llama``; ``config.json`` → ``llama``), made
-    filesystem-safe: the name is a label, never a path."""
-    try:
-        raw = json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError as e:
-        raise SourceError(f"{file_name}: not UTF-8 text (byte {e.start})") from e
-    except json.JSONDecodeError as e:
-        raise SourceError(f"{file_name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
-    if not isinstance(raw, dict):
-        raise SourceError(f"{file_name}: a config.json holds a JSON object, not a {type(raw).__name__}")
-    with tempfile.TemporaryDirectory(prefix="qfold-upload-") as tmp:
-        folder = Path(tmp) / f"upload-{hashlib.sha256(data).hexdigest()[:10]}"
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(raw), encoding="utf-8")
-        source = resolve_source(str(folder / "config.json"), overrides)
-    source = replace(source, label=upload_label(file_name, str(raw.get("model_type", ""))))
-    return source, geometry_of(load_config(source))
-
-
-def upload_label(file_name: str, model_type: str) -> str:
-    """``my-llama.json`` + ``llama`` → ``my-llama-llama``; ``config.json`` → ``llama``; filesystem-safe."""
-    stem = Path(file_name).name.rsplit(".", 1)[0]
-    words = [w for w in (stem if stem.lower() != "config" else "", model_type) if w]
-    if len(words) == 2 and model_type.lower() in stem.lower():
-        words = [stem]
-    return safe_label("-".join(words) or "upload")
-
-
-@st.cache_data(show_spinner="Reading the model folder (hashing its safetensors)…", max_entries=16)
-def resolve_folder(path: str, stamp: tuple, overrides: tuple[str, ...]) -> tuple[ModelSource, AttentionGeometry]:
-    source = resolve_source(path, overrides)
-    return source, geometry_of(load_config(source))
-
-
-def folder_stamp(path: Path) -> tuple:
-    """What decides whether a folder's resolution is still valid: its files' names, sizes and times."""
-    try:
-        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime) for p in path.iterdir() if p.is_file()))
-    except OSError:
-        return ()
-
-
-def cached_call(fn, *args):
-    try:
-        return fn(*args)
-    except QfoldError:
-        fn.clear(*args)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------- new build
@@ -116,14 +60,14 @@ def cached_call(fn, *args):
 FORM_DEFAULTS = {"builds_source_kind": "Preset", "builds_structure": True, "builds_layers": 0, "builds_ctx": 4096,
                  "builds_kv": KV_MODES[0], "builds_variants": ["repeat_kv", "qfold"], "builds_compression": "none",
                  "builds_compression_spec": "", "builds_preset": DEFAULT_PRESET, "builds_folder": "",
-                 "builds_mode": ANALYSIS_MODE}
-shared.restore_form(FORM_DEFAULTS)
+                 "builds_mode": ANALYSIS_MODE, "builds_backend": COREML, "builds_weights": DEFAULT_WEIGHTS}
+widgets.restore_form(FORM_DEFAULTS)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def preview_cost(config_json: str, ctx: int, mode: str) -> BuildCost:
+def preview_cost(config_json: str, ctx: int, mode: str, backend: str, weights: str) -> BuildCost:
     """The pre-conversion check (analyzer.model.cost): refused here, before anything is queued."""
-    return check_request(load_config_dict(json.loads(config_json)), ctx, mode=mode)
+    return check_request(load_config_dict(json.loads(config_json)), ctx, mode=mode, backend=backend, weights=weights)
 
 
 with st.container(border=True):
@@ -141,6 +85,13 @@ with st.container(border=True):
     mode = st.radio("Build mode", list(BUILD_MODES), horizontal=True, key="builds_mode",
                     help="Both modes give the same analysis, op for op (tests/test_fast_identity.py).")
     st.caption(f"**{mode}**: {BUILD_MODES[mode]}.")
+    c8, c9 = st.columns(2)
+    backend = c8.radio("Backend", list(BACKENDS), horizontal=True, key="builds_backend",
+                       format_func=lambda b: {COREML: "Core ML (.mlpackage)", COREAI: "Core AI (.aimodel)"}[b])
+    weights = c9.radio("Torch weights", WEIGHT_DTYPES, horizontal=True, key="builds_weights",
+                       help="fp32 is a Core AI option (a Core ML build computes in fp16); on Linux, time Core AI "
+                            "builds with fp32 weights: the runtime's fp16 matmul kernel swamps everything else.")
+    st.caption(f"**{backend}**: {BACKENDS[backend]}.")
     c6, c7 = st.columns([3, 1])
     phase = c6.radio("Phase", BUILD_PHASES, horizontal=True, key="builds_phase",
                      format_func=lambda p: {"decode": "decode (one token per call)",
@@ -149,7 +100,15 @@ with st.container(border=True):
     q_len = int(c7.number_input("Prompt tokens per prefill call (N)", min_value=2, max_value=8192,
                                 value=DEFAULT_Q_LEN, step=16, key="builds_q_len", disabled=phase == "decode"))
     c4, c5 = st.columns(2)
-    variants = c4.multiselect("Variants", sorted(VARIANTS), key="builds_variants")
+    refused = refused_variants(backend)  # offered only where they can build; a kept choice the backend refuses goes
+    dropped = [v for v in st.session_state["builds_variants"] if v in refused]
+    st.session_state["builds_variants"] = [v for v in st.session_state["builds_variants"] if v not in refused]
+    for v in dropped:
+        st.warning(f"{v} is not built with {backend}: {refused[v]}. It was taken off the variants.",
+                   icon=":material/block:")
+    variants = c4.multiselect("Variants", [v for v in sorted(VARIANTS) if v not in refused], key="builds_variants",
+                              help="; ".join(f"{v} is not offered for {backend}: {why}" for v, why in refused.items())
+                              or None)
     compression = c5.selectbox("Weight compression", ["none", *PRESETS, CUSTOM], key="builds_compression",
                                format_func=lambda c: f"{c}: {PRESETS[c].description}" if c in PRESETS else c,
                                help="The presets follow the write-up's base/top8/top12 (section 4).")
@@ -170,42 +129,43 @@ with st.container(border=True):
             name = st.selectbox("Preset", list(presets), key="builds_preset",
                                 format_func=lambda n: f"{n} ({presets[n].model_type})")
             st.caption(f"Config source: {presets[name].source}")
-            resolved = cached_call(resolve_preset, name, overrides)
+            resolved = source_cache.cached_call(source_cache.resolve_preset, name, overrides)
         elif kind == "Upload config.json":
             upload = st.file_uploader("A Hugging Face config.json (parsed as JSON; no code is run)", type=["json"],
                                       key="builds_upload")
             if upload is not None:  # kept, so the form still has it after a visit to another page
-                st.session_state["builds_upload_kept"] = (upload.name, upload.getvalue())
-            kept = st.session_state.get("builds_upload_kept")
+                st.session_state[Key.BUILDS_UPLOAD_KEPT] = (upload.name, upload.getvalue())
+            kept = st.session_state.get(Key.BUILDS_UPLOAD_KEPT)
             if kept is not None:
                 if upload is None:
                     note, forget = st.columns([4, 1], vertical_alignment="center")
-                    note.caption(f"Using `{kept[0]}`, uploaded earlier in this session.")
+                    note.caption(f"Using {fmt.md(kept[0])}, uploaded earlier in this session.")
                     if forget.button("Forget it", key="builds_upload_forget"):
-                        st.session_state.pop("builds_upload_kept", None)
+                        st.session_state.pop(Key.BUILDS_UPLOAD_KEPT, None)
                         st.rerun()
-                resolved = cached_call(resolve_uploaded, kept[1], kept[0], overrides)
+                resolved = source_cache.cached_call(source_cache.resolve_uploaded, kept[1], kept[0], overrides)
         else:
             typed = st.text_input("Folder on this server with config.json and *.safetensors (optional)",
                                   key="builds_folder", placeholder="/models/EXAONE-4.0-1.2B")
             if typed.strip():
                 folder = path_under_roots(typed)  # only under $QFOLD_DATA_ROOTS: visitors cannot probe the server
-                resolved = cached_call(resolve_folder, str(folder), folder_stamp(folder), overrides)
+                resolved = source_cache.cached_call(source_cache.resolve_folder, str(folder),
+                                                    source_cache.folder_stamp(folder), overrides)
     except QfoldError as e:
-        shared.error(e)
-    shared.keep_form(FORM_DEFAULTS)
+        widgets.error(e)
+    widgets.keep_form(FORM_DEFAULTS)
 
     cost: BuildCost | None = None
     if resolved is not None:
         source, g = resolved
-        st.markdown(f"**{source.label}** ({g.model_type}): {g.num_layers} layers · {g.num_q_heads} query heads / "
+        st.markdown(f"{fmt.md(source.label)} ({g.model_type}): {g.num_layers} layers · {g.num_q_heads} query heads / "
                     f"{g.num_kv_heads} KV heads (group {g.group_size}) · head_dim {g.head_dim} · hidden "
                     f"{g.hidden_size:,} · vocab {g.vocab_size:,} · "
                     + ("real weights from safetensors" if source.has_real_weights else "seeded random weights"))
         try:
-            cost = preview_cost(source.config_json, int(ctx), mode)
+            cost = preview_cost(source.config_json, int(ctx), mode, backend, weights)
         except QfoldError as e:
-            shared.error(e, "Cannot convert this: ")
+            widgets.error(e, "Cannot convert this: ")
         else:
             n = max(1, len(variants))
             peak = fmt.size(cost.peak_rss_bytes, "auto-si", None)
@@ -214,9 +174,10 @@ with st.container(border=True):
                        f"{fmt.size(cost.kv_state_bytes, 'auto-si', None)}). The variants run in one child process, "
                        "which waits its turn: one conversion at a time on this machine.")
             if mode == ANALYSIS_MODE:
-                export = preview_cost(source.config_json, int(ctx), "materialised")
-                st.caption("Export a runnable package later from the Export page: that makes a materialised build "
-                           f"({export.summary().removeprefix('~')}).")
+                export = preview_cost(source.config_json, int(ctx), "materialised", backend, weights)
+                later = ("Build it materialised for a runnable .aimodel to run, fold or time" if backend == COREAI
+                         else "Export a runnable package later from the Export page: that makes a materialised build")
+                st.caption(f"{later} ({export.summary().removeprefix('~')}).")
             elif not structure and cost.peak_rss_bytes > 4e9:
                 st.warning(f"Full-size materialised conversion: about **{peak} of memory** and minutes per variant. "
                            "Analysis mode gives the same analysis at ~1-2 GB.", icon=":material/warning:")
@@ -226,11 +187,14 @@ with st.container(border=True):
             spec_text = None
             if compression != "none":
                 spec_text = canonical_spec(compression, resolved[1].num_layers)
+            if backend == COREAI:
+                require_coreai()  # where Core AI is not installed: the line that installs it
             specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text, phase=phase,
-                                    q_len=1 if phase == "decode" else q_len, build_mode=mode) for v in variants)
+                                    q_len=1 if phase == "decode" else q_len, build_mode=mode, backend=backend,
+                                    weights=weights) for v in variants)
         except QfoldError as e:
-            shared.error(e)
-    busy = shared.running_keys()
+            widgets.error(e)
+    busy = jobs_state.running_keys()
     clash = [s.key for s in specs if s.key in busy]
     if clash:
         st.info(f"Already converting: {', '.join(clash)}")
@@ -239,7 +203,7 @@ with st.container(border=True):
         st.caption(f"Already built (Convert reuses them at once): {', '.join(cached)}")
     if st.button("Convert", type="primary", icon=":material/play_arrow:", key="builds_convert",
                  disabled=not specs or bool(clash)):
-        shared.start_job(BuildJob(specs, root))
+        jobs_state.start_job(BuildJob(specs, root))
         st.toast(f"Started {len(specs)} build(s)")
 
 
@@ -266,12 +230,12 @@ def job_title(s: JobSnapshot) -> str:
     return f"{names} — {s.stage}, {s.elapsed_s:,.0f} s"
 
 
-active = any(not s.finished for s in shared.job_snapshots())
+active = any(not s.finished for s in jobs_state.job_snapshots())
 
 
 @st.fragment(run_every=1.0 if active else None)
 def conversions() -> None:
-    snaps = shared.job_snapshots()
+    snaps = jobs_state.job_snapshots()
     st.subheader("Conversions")
     if not snaps:
         st.caption("None started in this session.")
@@ -282,7 +246,7 @@ def conversions() -> None:
         box = st.status(job_title(s), state=state, expanded=not s.finished or s.state == "failed")
         box.progress(s.fraction, text=f"{s.stage}: {s.message}"[:200])
         if s.error:
-            box.error(shared.for_ui(s.error))
+            box.error(for_ui(s.error))
         for r in s.results:
             box.markdown(f"✓ `{r.key}` {'reused from the cache' if r.reused else f'built in {r.seconds:,.0f} s'}")
         log_key = f"builds_log_{s.id}"
@@ -295,7 +259,7 @@ def conversions() -> None:
     q = queue(root)
     if q:
         now = time.time()
-        shared.show_table(pd.DataFrame([{"build": e.key, "state": e.state, "pid": str(e.pid),
+        widgets.show_table(pd.DataFrame([{"build": e.key, "state": e.state, "pid": str(e.pid),
                                          "waiting or running for (s)": round(now - e.since_s)} for e in q]))
     else:
         st.caption("Nothing queued or converting on this machine.")
@@ -313,13 +277,15 @@ if not active:
 
 # ---------------------------------------------------------------------------------------------- cached builds
 st.subheader("Cached builds")
-built = [r for r in shared.analysis_refs() if r.kind == "build"]  # one per function of a multi-function build
+built = [r for r in analyses.analysis_refs() if r.kind == "build"]  # one per function of a multi-function build
+for folder, reason in unreadable_builds(root):  # listed, never fatal: the other builds work as usual
+    st.warning(f"Unreadable build folder {fmt.md(folder.name)}: {fmt.md_text(reason)}", icon=":material/warning:")
 if not built:
-    st.caption(f"No finished builds in `{root}` yet.")
+    st.caption(f"No finished builds in {fmt.md(root)} yet.")
 else:
     rows = []
     for r in built:
-        a = shared.load(r)
+        a = analyses.load(r)
         rows.append({
             "build": describe_spec(a.build.spec, a.function) if a.build else r.label,
             "function": r.function or "",
@@ -331,86 +297,29 @@ else:
             "created": r.created,
             "key": r.id.removeprefix("build:"),
         })
-    shared.show_table(pd.DataFrame(rows))
-    refs = shared.analysis_refs()
-    by_id = shared.refs_by_id(refs)
+    widgets.show_table(pd.DataFrame(rows))
+    refs = analyses.analysis_refs()
+    by_id = analyses.refs_by_id(refs)
     ids = [r.id for r in built if r.id in by_id]
     chosen = st.selectbox("Build", ids, key="builds_chosen", format_func=lambda i: by_id[i].label)
     twin = matching_pair(by_id[chosen], refs) if chosen else None
     with st.container(horizontal=True, gap="xsmall"):
         if st.button("Open as A", key="builds_as_a"):
-            shared.set_persisted({"ab_a": chosen})
+            widgets.set_persisted({Key.AB_A: chosen})
             st.switch_page("app_pages/ab.py")
         if st.button("Open as B", key="builds_as_b"):
-            shared.set_persisted({"ab_b": chosen})
+            widgets.set_persisted({Key.AB_B: chosen})
             st.switch_page("app_pages/ab.py")
         if st.button("Open the matching pair", key="builds_as_pair", icon=":material/join:", disabled=twin is None,
                      help="This build and the other variant of the same model, size, ctx, KV mode and compression"
                           if twin else "No build of the other variant with the same spec yet: convert it above."):
-            shared.set_persisted({"ab_a": twin[0].id, "ab_b": twin[1].id})
+            widgets.set_persisted({Key.AB_A: twin[0].id, Key.AB_B: twin[1].id})
             st.switch_page("app_pages/ab.py")
     with st.expander("Build log"):
         st.code(log_tail(Path(by_id[chosen].path).name) if chosen else "", language="text")
 
 
-# ---------------------------------------------------------------------------------------------- other packages
-st.subheader("Analyse an existing .mlpackage")
-st.caption("Any ML Program package on this server, e.g. one another tool built: its MIL program is read from the "
-           "protobuf (~0.2 s, no Core ML runtime), then it can be picked on the A/B and Export pages.")
-with st.form("builds_package_form", border=False):
-    typed_package = st.text_input("Path of the .mlpackage on this server", key="builds_package_path")
-    submitted = st.form_submit_button("Analyse", icon=":material/search:")
-if submitted and typed_package.strip():
-    try:
-        path = path_under_roots(typed_package)  # only under $QFOLD_DATA_ROOTS: visitors cannot probe the server
-        if path.suffix != ".mlpackage" or not path.is_dir():
-            raise QfoldError(f"{typed_package.strip()}: not a .mlpackage folder on this server")
-        package_list = package_refs(path)
-        analyses = [(ref, shared.load(ref)) for ref in package_list]
-    except QfoldError as e:
-        shared.error(e)
-    else:
-        packages = st.session_state.setdefault("builds_packages", [])
-        if str(package_list[0].path) not in packages:
-            packages.append(str(package_list[0].path))
-            shared.url_save()  # in the URL at once: a reload or a shared link keeps it
-        for ref, a in analyses:
-            s = a.summary
-            what = f"{ref.path.name}" + (f", function {ref.function}" if ref.function else "")
-            st.success(f"{what}: {s.total_ops:,} ops ({s.non_const_ops:,} without const), {s.tile_count} tile "
-                       f"ops, {fmt.size(a.bytes_per_token.total, 'auto', None)} per token. It is now in the A/B "
-                       "pickers.")
-            if a.account.unsized:
-                examples = ", ".join(f"`{u.tensor}` {u.shape}" for u in a.account.unsized[:3])
-                st.warning(f"{len(a.account.unsized)} tensors have a symbolic (flexible) dimension and are in no "
-                           f"byte total, e.g. {examples}")
-
-# a package analysed here (or any of this session's packages) can be folded: the pass + the interpreter's proof
-fold_candidates = [p for p in st.session_state.get("builds_packages", []) if fold_record_of(p) is None]
-if fold_candidates:
-    with st.form("builds_fold_form", border=False):
-        st.markdown("**Fold it**: remove the K/V copies (`qfold::fold_gqa_replication`), save the folded package "
-                    "and prove it against the original in the MIL interpreter.")
-        to_fold = st.selectbox("Package", fold_candidates, key="builds_fold_pick")
-        spec_path = st.text_input("Input spec (optional): path of a JSON file on this server naming the token-id, "
-                                  "position, mask and KV inputs; qfold's own builds need none",
-                                  key="builds_fold_spec")
-        fold_clicked = st.form_submit_button("Fold it", icon=":material/compress:")
-    if fold_clicked:
-        with st.spinner("Folding (read back, pass, save) and running both packages in the MIL interpreter…"):
-            try:
-                roles = str(path_under_roots(spec_path)) if spec_path.strip() else None
-                folded = fold_cached(to_fold, root, roles_path=roles)
-            except QfoldError as e:
-                shared.error(e)
-            else:
-                packages = st.session_state.setdefault("builds_packages", [])
-                if str(folded.package) not in packages:
-                    packages.append(str(folded.package))
-                    shared.url_save()
-                st.session_state["ab_a"] = package_refs(to_fold)[0].id  # the A/B page opens on original vs fold
-                st.session_state["ab_b"] = package_refs(folded.package)[0].id
-                st.success(f"{Path(to_fold).name}: {folded.summary()}. The folded package is on the A/B page "
-                           f"beside the original, and downloadable from Export (`{folded.package}`).")
-                st.page_link("app_pages/ab.py", label="Open the A/B", icon=":material/compare:")
-
+# ---------------------------------------------------------------------------------------------- existing models
+builds_tools.analyse_section()
+builds_tools.fold_section(root)
+builds_tools.bench_section()

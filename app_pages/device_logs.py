@@ -10,27 +10,26 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
+from analyzer import fmt
 from analyzer.device.logs import FORMATS, LogLimits, normalize_label, summarize
-from app_pages import shared
+from analyzer.device.placement import FORMATS as PLAN_FORMATS
+from analyzer.device.placement import parse_plan
+from app_pages import analyses, logs_state, widgets
+from app_pages.session_keys import Key
 
 st.title("Device logs")
 limit_mib = LogLimits().max_file_bytes / 2**20
 st.caption("One row per measured run. Read by content, whatever the file is called: "
            + "; ".join(spec.description for spec in FORMATS.values())
-           + f". Up to {limit_mib:g} MiB per file; nothing is written to disk.")
-
-
-def compose() -> None:
-    """The session's logs: uploads, then pasted texts (the uploader forgets its files when another page is
-    shown, so both live in session state)."""
-    st.session_state["logs_files"] = [*st.session_state.get("logs_uploads", []),
-                                      *st.session_state.get("logs_pasted", [])]
+           + f". Up to {limit_mib:g} MiB per file; nothing is written to disk. Placement plans (where a device ran "
+           "each op) are read here too and offered on the A/B page: "
+           + "; ".join(spec.description for spec in PLAN_FORMATS.values()) + ".")
 
 
 def keep_uploads() -> None:
     files = st.session_state.get("logs_uploader") or []
-    st.session_state["logs_uploads"] = [(f.name, f.getvalue()) for f in files]
-    compose()
+    st.session_state[Key.LOGS_UPLOADS] = [(f.name, f.getvalue()) for f in files]
+    logs_state.compose_logs()
 
 
 def add_paste() -> None:
@@ -38,10 +37,10 @@ def add_paste() -> None:
     text = st.session_state.get("logs_paste_text") or ""
     if not text.strip():
         return
-    pasted = st.session_state.setdefault("logs_pasted", [])
+    pasted = st.session_state.setdefault(Key.LOGS_PASTED, [])
     pasted.append((f"pasted text {len(pasted) + 1}", text.encode("utf-8")))
     st.session_state["logs_paste_text"] = ""
-    compose()
+    logs_state.compose_logs()
 
 
 def keep_label(widget: str, key: str) -> None:
@@ -57,32 +56,51 @@ def keep_label(widget: str, key: str) -> None:
 
 
 st.file_uploader("Upload device logs", accept_multiple_files=True, key="logs_uploader", on_change=keep_uploads)
-with st.expander("Paste a table or runner output", expanded=bool(st.session_state.get("logs_pasted"))):
+with st.expander("Paste a table or runner output", expanded=bool(st.session_state.get(Key.LOGS_PASTED))):
     st.text_area("Pasted text", key="logs_paste_text", height=180,
                  placeholder="| model | size | params | backend | ngl | test | t/s |\n…\n\n"
                              "or the last lines a runner printed: llama_perf_context_print: eval time = …")
     st.button("Read the pasted text", key="logs_paste_add", on_click=add_paste, icon=":material/content_paste:")
 left, right = st.columns(2)
 left.text_input("Device, for rows that name none", key="logs_device_input", on_change=keep_label,
-                args=("logs_device_input", "logs_device"),
+                args=("logs_device_input", Key.LOGS_DEVICE),
                 help="llama-bench markdown and runner logs name no device; without a name the file name stands in.")
 right.text_input("Build label, for rows that name none", key="logs_label_input", on_change=keep_label,
-                 args=("logs_label_input", "logs_label"),
+                 args=("logs_label_input", Key.LOGS_LABEL),
                  help="Runner logs name no build; the label can be mapped to an analysis below.")
-for key in ("logs_device", "logs_label"):
+for key in (Key.LOGS_DEVICE, Key.LOGS_LABEL):
     if st.session_state.get(f"{key}_error"):
-        st.error(st.session_state[f"{key}_error"], icon=":material/block:")
+        st.error(fmt.md_text(st.session_state[f"{key}_error"]), icon=":material/block:")
 
-if shared.using_example_log():
+benched = st.session_state.get(Key.LOGS_BENCH) or []
+if benched:
+    st.info(f"{len(benched)} log(s) from bench runs on the Builds page ({', '.join(fmt.md(n) for n, _ in benched)}): "
+            "Core AI builds timed on this machine's Core AI runtime, one row per build, under the build's own "
+            "label, beside the uploaded logs.", icon=":material/timer:")
+if logs_state.using_example_log():
     st.info("Showing the write-up's published figures (`examples/writeup_device_logs.csv`): the identical-condition "
             "A/B (20.39 → 54.30 tok/s) and the device table. Upload or paste logs to replace them.",
             icon=":material/science:")
 elif st.button("Back to the example log", key="logs_reset"):
-    for key in ("logs_files", "logs_uploads", "logs_pasted"):
+    for key in (Key.LOGS_FILES, Key.LOGS_UPLOADS, Key.LOGS_PASTED, Key.LOGS_BENCH, Key.LOGS_PLANS):
         st.session_state[key] = []
     st.rerun()
 
-imported = shared.log_import()
+imported = logs_state.log_import()
+
+plans = st.session_state.get(Key.LOGS_PLANS) or []
+if plans:
+    st.subheader("Placement plans")
+    parsed = [parse_plan(data, name) for name, data in plans]
+    widgets.show_table(pd.DataFrame([{"file": p.file_name, "format": p.format or "?", "accepted": p.accepted,
+                                     "ops": len(p.ops), "functions": ", ".join(p.functions),
+                                     "errors": len(p.errors), "warnings": len(p.issues) - len(p.errors)}
+                                    for p in parsed]))
+    issues = [i.describe() for p in parsed for i in p.issues]
+    for line in issues[:20]:
+        st.text(line)  # file names and values are user text: never markdown
+    st.caption("Each plan is joined to an analysis on the **A/B** page's Placement tab (and in `qfold placement PLAN "
+               "ANALYSIS`).")
 
 # ---------------------------------------------------------------------------------------------- validation
 st.subheader("Validation")
@@ -91,21 +109,21 @@ files = pd.DataFrame([{"file": f.file_name, "format": f.format or "?", "accepted
                        "derived fields": "; ".join(f.derived), "duplicate of": f.duplicate_of or ""}
                       for f in imported.files])
 if len(files):
-    shared.show_table(files)
+    widgets.show_table(files)
     st.caption("Derived fields are computed, not read: how each one was computed is listed here and per row below.")
 for f in imported.files:
     if f.duplicate_of:
-        st.info(f"**{f.file_name}** is the same file as **{f.duplicate_of}** (identical content): its runs are counted "
-                "once.", icon=":material/content_copy:")
+        st.info(f"{fmt.md(f.file_name)} is the same file as {fmt.md(f.duplicate_of)} (identical content): its runs "
+                "are counted once.", icon=":material/content_copy:")
 for name in imported.rejected_files:
     reasons = "; ".join(i.describe() for i in imported.errors if i.file_name == name)
-    st.error(f"**{name}** was rejected as a whole: {reasons}", icon=":material/block:")
+    st.error(f"{fmt.md(name)} was rejected as a whole: {fmt.md_text(reasons)}", icon=":material/block:")
 errors, warnings = len(imported.errors), len(imported.warnings)
 if imported.issues:
     (st.warning if errors else st.info)(f"{errors} error(s) and {warnings} warning(s), row by row below. Rows with "
                                         "an error are left out; nothing is silently dropped or shifted.")
     issues = imported.issues_frame().rename(columns={"file_name": "file", "line": "row (line)", "message": "reason"})
-    shared.table_with_download(issues, "logs_issues_csv", "log_issues.csv", max_height=400)
+    widgets.table_with_download(issues, "logs_issues_csv", "log_issues.csv", max_height=400)
 else:
     st.success(f"Every row accepted ({len(imported.measurements)} runs), no warnings.")
 
@@ -118,12 +136,12 @@ by_phase = {phase: len(imported.by_phase(phase)) for phase in ("decode", "prefil
 st.caption(f"{by_phase['decode']} decode, {by_phase['prefill']} prefill and {by_phase['mixed']} mixed run(s). Only "
            "decode runs are fitted by the bandwidth model; mixed runs (a prompt and generation timed together) are "
            "fitted with neither.")
-shared.table_with_download(imported.measurements_frame(), "logs_accepted_csv", "accepted_runs.csv", max_height=300)
+widgets.table_with_download(imported.measurements_frame(), "logs_accepted_csv", "accepted_runs.csv", max_height=300)
 
 st.subheader("Per build, device and condition")
 summary = pd.DataFrame([{**asdict(s), "mean_s_per_token": s.mean_s_per_token}
                         for s in summarize(imported.measurements, phase=None)])
-shared.table_with_download(summary, "logs_summary_csv", "build_device_summary.csv",
+widgets.table_with_download(summary, "logs_summary_csv", "build_device_summary.csv",
                            caption="mean_tok_per_s is the harmonic mean of the runs (1 / mean seconds per token): the "
                                    "model is linear in time per token. Runs of different phase, context length, "
                                    "compute units, quantization or OS are never averaged together. std is the sample "
@@ -135,30 +153,31 @@ st.caption("Each build label in the logs gets its graph bytes per token from the
            "page and the A/B page's measured tok/s use this mapping. A label maps by itself when it names a model, "
            "one variant (`repeat_kv`, `qfold`) and optionally a compression (`top8`) and ctx (`ctx4096`) that one "
            "analysis has (a build key maps to its build); otherwise it stays unmapped and says why.")
-refs = shared.analysis_refs()
-by_id = shared.refs_by_id(refs)
+refs = analyses.analysis_refs()
+by_id = analyses.refs_by_id(refs)
 labels = list(dict.fromkeys(m.build for m in imported.measurements))
-mapping = shared.log_mapping(labels, refs)
-auto = shared.log_label_auto(labels, refs)
+mapping = logs_state.log_mapping(labels, refs)
+auto = logs_state.log_label_auto(labels, refs)
 options = ["", *by_id]
 
 
 def remember(label: str, widget: str) -> None:
-    st.session_state["logs_mapping"] = {**st.session_state.get("logs_mapping", {}),
+    st.session_state[Key.LOGS_MAPPING] = {**st.session_state.get(Key.LOGS_MAPPING, {}),
                                         label: st.session_state[widget] or None}
 
 
 for label in labels:
     widget = "logs_map_" + hashlib.sha256(label.encode()).hexdigest()[:12]  # labels are user text: never a key
     current = mapping.get(label) or ""
-    st.selectbox(label, options, index=options.index(current) if current in options else 0, key=widget,
+    st.selectbox(fmt.md(label), options, index=options.index(current) if current in options else 0, key=widget,
                  on_change=remember, args=(label, widget),
-                 format_func=lambda i: by_id[i].label if i else shared.UNMAPPED)
+                 format_func=lambda i: by_id[i].label if i else logs_state.UNMAPPED)
     match = auto[label]
     if not current:
-        st.caption(f"Not mapped: {match.reason}. Pick an analysis to use its bytes.")
+        st.caption(f"Not mapped: {fmt.md_text(match.reason)}. Pick an analysis to use its bytes.")
     elif current == match.ref_id:
-        st.caption(f"Mapped by its label: {match.reason}.")
+        st.caption(f"Mapped by its label: {fmt.md_text(match.reason)}.")
     else:
-        st.caption("Mapped by you" + (f" (by its label it would be: {by_id[match.ref_id].label})"
-                                      if match.ref_id in by_id else f" (by its label: {match.reason})") + ".")
+        st.caption("Mapped by you" + (f" (by its label it would be: {fmt.md(by_id[match.ref_id].label)})"
+                                      if match.ref_id in by_id else f" (by its label: {fmt.md_text(match.reason)})")
+                   + ".")

@@ -12,17 +12,18 @@ from functools import partial
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.build.builds import ANALYSIS_MODE, materialised_spec
-from analyzer.build.jobs import BuildJob
+from analyzer.convert.jobs import BuildJob
 from analyzer.errors import QfoldError
 from analyzer.fmt import to_csv
 from analyzer.graph.accounting import OP_COLUMNS
 from analyzer.graph.record import Analysis
 from analyzer.model.cost import estimate
 from analyzer.model.sources import load_config
-from analyzer.report import figures
+from analyzer.model.spec import ANALYSIS_MODE
+from analyzer.report import figures, frames
 from analyzer.report.assumptions import assumption_notes
-from analyzer.report.catalog import AnalysisRef
+from analyzer.report.catalog import AnalysisRef, builds_root
+from analyzer.report.messages import for_ui
 from analyzer.report.report import (
     MAX_DOWNLOAD_PACKAGE_BYTES,
     build_report,
@@ -30,20 +31,20 @@ from analyzer.report.report import (
     zip_command,
     zip_package,
 )
-from app_pages import shared
+from app_pages import analyses, bandwidth_control, jobs_state, logs_state, widgets
 
 st.title("Export")
-refs = shared.analysis_refs()
-by_id = shared.refs_by_id(refs)
-pair = shared.ab_pair(refs)
+refs = analyses.analysis_refs()
+by_id = analyses.refs_by_id(refs)
+pair = logs_state.ab_pair(refs)
 if pair is None:
     st.warning("No analyses yet: make a build on the Builds page first.")
     st.stop()
 ref_a, ref_b = pair
 try:
-    analysis_a, analysis_b = shared.load(ref_a), shared.load(ref_b)
+    analysis_a, analysis_b = analyses.load(ref_a), analyses.load(ref_b)
 except QfoldError as e:
-    shared.error(e, "Cannot load the analysis: ")
+    widgets.error(e, "Cannot load the analysis: ")
     st.stop()
 
 
@@ -72,19 +73,20 @@ def download(label: str, data, file_name: str, mime: str, key: str) -> None:
 # ---------------------------------------------------------------------------------------------- report
 with st.container(border=True):
     st.subheader("A/B report")
-    measured = shared.measured(ref_a, ref_b, refs)
-    bw = shared.resolved_bandwidth(refs, prefer_device=measured.device if measured else None)
-    label_a, label_b = shared.short_label(ref_a), shared.short_label(ref_b)
+    measured = logs_state.measured(ref_a, ref_b, refs)
+    bw = bandwidth_control.resolved_bandwidth(refs, prefer_device=measured.device if measured else None)
+    label_a, label_b = analyses.short_label(ref_a), analyses.short_label(ref_b)
     st.markdown(f"One HTML file, readable offline (plotly.js is embedded): headline, waterfall, op counts, tiles, "
                 f"bytes per layer with their tables, and the bandwidth cross-check of this session's device logs.\n\n"
-                f"- A: {ref_a.label}\n- B: {ref_b.label}\n- bandwidth for predictions: **{bw.label}** ({bw.source}; "
+                f"- A: {fmt.md(ref_a.label)}\n- B: {fmt.md(ref_b.label)}\n- bandwidth for predictions: **{bw.label}** "
+                f"({fmt.md_text(bw.source)}; "
                 f"the A/B and Bandwidth pages set it)\n- compressed weights charged: "
-                f"{shared.CHARGE_NAMES[shared.weight_charge()]} (set on "
+                f"{frames.CHARGE_NAMES[analyses.weight_charge()]} (set on "
                 "the A/B page)")
     try:
-        section = shared.bandwidth_section(refs, bw)
+        section = logs_state.bandwidth_section(refs, bw)
     except (QfoldError, ValueError) as e:
-        st.warning(f"The report leaves out the bandwidth section: {shared.for_ui(str(e))}")
+        st.warning(fmt.md_text(f"The report leaves out the bandwidth section: {for_ui(str(e))}"))
         section = None
 
     def report_html() -> bytes:
@@ -97,13 +99,13 @@ with st.container(border=True):
 # ---------------------------------------------------------------------------------------------- one analysis
 with st.container(border=True):
     st.subheader("One analysis")
-    ref_id = shared.persisted_selectbox("Analysis", list(by_id), "export_ref", default=ref_a.id,
+    ref_id = widgets.persisted_selectbox("Analysis", list(by_id), "export_ref", default=ref_a.id,
                                         format_func=lambda i: by_id[i].label)
     ref = by_id[ref_id]
     try:
-        analysis = shared.load(ref)
+        analysis = analyses.load(ref)
     except QfoldError as e:
-        shared.error(e)
+        widgets.error(e)
         st.stop()
     stem = file_stem(ref)
     total = analysis.bytes_per_token.total
@@ -121,12 +123,12 @@ with st.container(border=True):
                  "export_json")
         download("Op table (CSV)", partial(ops_csv, analysis), f"{stem}_ops.csv", "text/csv", "export_ops")
     with c2:
-        download("Bytes per token (CSV)", shared.frame_csv(figures.bytes_per_token_frame(analysis)),
+        download("Bytes per token (CSV)", frames.frame_csv(figures.bytes_per_token_frame(analysis)),
                  f"{stem}_bytes_per_token.csv", "text/csv", "export_bytes")
-        download("Bytes per layer (CSV)", shared.frame_csv(figures.bytes_by_layer_frame(analysis)),
+        download("Bytes per layer (CSV)", frames.frame_csv(figures.bytes_by_layer_frame(analysis)),
                  f"{stem}_bytes_by_layer.csv", "text/csv", "export_layers")
     with c3:
-        download("Tile ops (CSV)", shared.frame_csv(figures.tile_frame(analysis)), f"{stem}_tiles.csv", "text/csv",
+        download("Tile ops (CSV)", frames.frame_csv(figures.tile_frame(analysis)), f"{stem}_tiles.csv", "text/csv",
                  "export_tiles")
     st.caption("CSV cells that a spreadsheet would run as a formula (starting with = + - @ | %, a tab or NUL) are "
                "escaped with a leading apostrophe.")
@@ -142,28 +144,29 @@ with st.container(border=True):
         st.info(f"This analysis has no .mlpackage on this server: it {made}.", icon=":material/info:")
         if build is not None and build.spec.variant != "repeat_kv+fold":
             try:
-                spec = materialised_spec(build.spec)
+                spec = build.spec.materialised()
                 cost = estimate(load_config(spec.source), spec.ctx, spec.build_mode)
             except QfoldError as e:
-                st.error(f"Cannot rebuild it: {shared.for_ui(str(e))}")
+                widgets.error(e, "Cannot rebuild it: ")
             else:
                 st.markdown(f"A runnable package needs a **materialised build** of the same spec (the same analysis, "
                             f"with weight values): {cost.summary().removeprefix('~')} (estimated; "
                             "analyzer/model/cost.py). It runs in the background and waits its turn; the package "
                             "then appears here.")
                 if st.button("Make a runnable package", key="export_materialise", icon=":material/build:",
-                             disabled=spec.key in shared.running_keys()):
-                    shared.start_job(BuildJob((spec,), shared.builds_root()))
+                             disabled=spec.key in jobs_state.running_keys()):
+                    jobs_state.start_job(BuildJob((spec,), builds_root()))
                     st.toast(f"Queued the materialised build {spec.key}")
-                st.caption(f"Or on the command line: `python -m analyzer build --mode materialised --model "
-                           f"{spec.source.ref} --variant {spec.variant} --ctx {spec.ctx}` (plus its `--set` "
-                           "overrides, phase and compression).")
+                command = (f"qfold build --mode materialised --model {shlex.quote(spec.source.ref)} "
+                           f"--variant {spec.variant} --ctx {spec.ctx}")  # a typed folder path: a code span
+                st.caption(f"Or on the command line: {fmt.md(command)} (plus its `--set` overrides, phase and "
+                           "compression).")
         else:
             st.caption("Build it on the Builds page (or rebuild the A/B pair at full size from the A/B page).")
     else:
         size = package_size_bytes(ref.package_path)
         zip_name = f"{stem}.mlpackage.zip"
-        st.markdown(f"`{ref.package_path}` — {fmt.size(size, 'auto-si', None)} ({fmt.size(size, 'auto', None)})")
+        st.markdown(f"{fmt.md(ref.package_path)} — {fmt.size(size, 'auto-si', None)} ({fmt.size(size, 'auto', None)})")
         if size <= MAX_DOWNLOAD_PACKAGE_BYTES:
             download("Download the .mlpackage (zip)", partial(zip_package, ref.package_path, f"{stem}.mlpackage"),
                      zip_name, "application/zip", "export_package")

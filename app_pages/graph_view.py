@@ -15,19 +15,23 @@ from pathlib import Path
 
 import streamlit as st
 
+from analyzer import fmt
 from analyzer.errors import QfoldError
-from analyzer.graph.mil import MilProgram
+from analyzer.graph.mil_reader import MilProgram
 from analyzer.graph.record import load_analysis
+from analyzer.graph.shapes import shapes_label
 from analyzer.graph.structdiff import StructuralDiff, structural_diff
+from analyzer.report import frames
 from analyzer.report import graphview as gv
 from analyzer.report.catalog import AnalysisRef
-from app_pages import shared
+from analyzer.report.messages import for_ui
+from app_pages import widgets
 
 FRAME_HEIGHT_PX = 760
 MODES = ("A vs B", "A only", "B only")
 
 
-Key = tuple[str, str | None, float]  # path, function, mtime: what a cached program is keyed by
+Key = tuple[str, str | None, float, tuple]  # path, function, mtime, given shapes: what a cached program is keyed by
 
 
 def _key(ref: AnalysisRef) -> Key:
@@ -36,12 +40,13 @@ def _key(ref: AnalysisRef) -> Key:
         mtime = path.stat().st_mtime
     except OSError:
         mtime = 0.0
-    return str(path), ref.function, mtime
+    return str(path), ref.function, mtime, ref.shapes
 
 
 @st.cache_resource(show_spinner="Reading the program…", max_entries=6)
-def _program(path: str, function: str | None, mtime: float) -> MilProgram:
-    return load_analysis(path, function).program  # a build, an analysis.json or one function of a package
+def _program(path: str, function: str | None, mtime: float, shapes: tuple = ()) -> MilProgram:
+    # a build, an analysis.json or one function of a package; a flexible package at its shapes
+    return load_analysis(path, function, shapes=dict(shapes) or None).program
 
 
 @st.cache_resource(show_spinner="Aligning the two programs layer by layer…", max_entries=4)
@@ -51,12 +56,13 @@ def _diff(a: Key, b: Key) -> StructuralDiff:
 
 @st.cache_resource(show_spinner="Laying the graphs out…", max_entries=16)
 def _view(a: Key, b: Key | None, layer: str, collapse: bool, label_a: str,
-          label_b: str, key_a: str) -> tuple[gv.LayerView, tuple[str, ...] | None, str | None]:
+          label_b: str, key_a: str, devices: tuple = ()) -> tuple[gv.LayerView, tuple[str, ...] | None, str | None]:
     """The layer's picture; its SVGs when Graphviz is installed and can draw it (else None); and why it cannot
     be drawn at all (too large), else None."""
     program_b = _program(*b) if b is not None else None
     view = gv.layer_view(_program(*a), program_b, gv.parse_layer(layer), label_a=label_a, label_b=label_b,
-                         collapse=collapse, diff=_diff(a, b) if b is not None else None, keys=(key_a, "B"))
+                         collapse=collapse, diff=_diff(a, b) if b is not None else None, keys=(key_a, "B"),
+                         devices=devices)
     try:
         gv.check_layout_size(view)
     except gv.GraphvizError as e:
@@ -76,14 +82,22 @@ def _pick_layer_from_table(choices: list[str]) -> None:
         st.session_state["ab_graph_layer"] = choices[rows[0]]
 
 
-def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: str) -> None:
-    """Structural diff (click a layer) and the layer's graphs; "A only" / "B only" show one analysis."""
+def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: str,
+               devices: tuple = ((), ())) -> None:
+    """Structural diff (click a layer) and the layer's graphs; "A only" / "B only" show one analysis.
+    ``devices``: per side, (op index, device) pairs from the Placement tab's plans: ops badged by device."""
     try:
         key_a, key_b = _key(ref_a), _key(ref_b)
         program_a, program_b = _program(*key_a), _program(*key_b)
     except QfoldError as e:
-        shared.error(e, "Cannot read the program: ")
+        widgets.error(e, "Cannot read the program: ")
         return
+    for side, program in (("A", program_a), ("B", program_b)):  # flexible packages: the shapes drawn (#20)
+        if program.assumed_shapes:
+            st.caption(f"{side} is drawn at its flexible inputs' shapes: "
+                       + fmt.md_text(for_ui("; ".join(x.text for x in program.assumed_shapes))))
+    label_a += shapes_label(program_a.assumed_shapes)
+    label_b += shapes_label(program_b.assumed_shapes)
     mode = st.segmented_control("Show", MODES, default=MODES[0], key="ab_graph_mode") or MODES[0]
     pair = mode == "A vs B"
     if pair:
@@ -92,10 +106,10 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
         st.markdown(f"**Structural diff** ({program_a.total_ops:,} → {program_b.total_ops:,} ops, const included): "
                     f"{diff.verdict}.")
         table = gv.structdiff_frame(diff)
-        st.dataframe(table, hide_index=True, width="stretch", height=shared.fit_height(len(table), 280),
+        st.dataframe(table, hide_index=True, width="stretch", height=frames.fit_height(len(table), 280),
                      key="ab_graph_table", on_select=lambda: _pick_layer_from_table(choices),
-                     selection_mode="single-row", column_config=shared.number_config(table))
-        st.download_button("Download CSV", shared.frame_csv(table), "structural_diff.csv", "text/csv",
+                     selection_mode="single-row", column_config=widgets.number_config(table))
+        st.download_button("Download CSV", frames.frame_csv(table), "structural_diff.csv", "text/csv",
                            key="ab_graph_diff_csv", icon=":material/download:", on_click="ignore")
         st.caption("Select a row to open that layer below. matched: same op type and output shapes; changed: the "
                    "same op at the same place computing other shapes; constants are matched through the op that "
@@ -104,11 +118,14 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
         one = program_a if mode == "A only" else program_b
         choices = [gv.OUTSIDE_LAYERS if x is None else str(x) for x in gv.layer_choices(one)]
     single_side = None if pair else ("a" if mode == "A only" else "b")
-    _layer_graphs(choices, key_a, key_b, label_a, label_b, single_side)
+    if any(devices):
+        st.caption("Ops are badged with the device the Placement tab's plan put them on (ANE, GPU, CPU); a purple "
+                   "border marks an op off the Neural Engine.")
+    _layer_graphs(choices, key_a, key_b, label_a, label_b, single_side, devices)
 
 
 def _layer_graphs(choices: list[str], key_a: Key, key_b: Key, label_a: str, label_b: str,
-                  single_side: str | None) -> None:
+                  single_side: str | None, devices: tuple = ((), ())) -> None:
     if st.session_state.get("ab_graph_layer") not in choices:
         st.session_state["ab_graph_layer"] = choices[0] if choices else None
     if not choices:
@@ -120,18 +137,18 @@ def _layer_graphs(choices: list[str], key_a: Key, key_b: Key, label_a: str, labe
                            help="A run of elementwise ops, reductions and views with one status and one reader "
                                 "each becomes one dashed node; the tooltip lists its ops.")
     if single_side is None:
-        args = (key_a, key_b, label_a, label_b, "A")
+        args, placed = (key_a, key_b, label_a, label_b, "A"), tuple(devices)
     elif single_side == "a":
-        args = (key_a, None, label_a, "", "A")
+        args, placed = (key_a, None, label_a, "", "A"), tuple(devices[:1])
     else:
-        args = (key_b, None, label_b, "", "B")
+        args, placed = (key_b, None, label_b, "", "B"), tuple(devices[1:])
     try:
-        view, svgs, too_large = _view(args[0], args[1], layer, collapse, *args[2:])
+        view, svgs, too_large = _view(args[0], args[1], layer, collapse, *args[2:], placed)
     except QfoldError as e:
-        shared.error(e)
+        widgets.error(e)
         return
     if too_large:
-        st.warning(too_large)
+        st.warning(fmt.md_text(too_large))
     elif svgs is not None:
         st.iframe(gv.pair_html(view, svgs, height_px=FRAME_HEIGHT_PX), height=FRAME_HEIGHT_PX,
                   alt=f"Graph of {view.title}")
@@ -140,7 +157,7 @@ def _layer_graphs(choices: list[str], key_a: Key, key_b: Key, label_a: str, labe
                    "(`st.graphviz_chart`), each fitted to its column, so rows may not line up.")
         for col, i in zip(st.columns(len(view.sides)), range(len(view.sides)), strict=True):
             with col:
-                st.markdown(f"**{view.sides[i].key}: {view.sides[i].label}**")
+                st.markdown(f"**{view.sides[i].key}:** {fmt.md(view.sides[i].label)}")
                 st.graphviz_chart(gv.side_dot(view, i), width="stretch")
     programs = [_program(*args[0])] + ([_program(*args[1])] if args[1] is not None else [])
     nodes = gv.nodes_frame(view, programs)
@@ -151,12 +168,12 @@ def _layer_graphs(choices: list[str], key_a: Key, key_b: Key, label_a: str, labe
     if svgs is not None:
         c2.download_button("Download SVG", lambda: gv.render_view(view), f"{stem}.svg", "image/svg+xml",
                            key="ab_graph_svg", icon=":material/download:", on_click="ignore")
-    c3.download_button("Download nodes CSV", shared.frame_csv(nodes), f"{stem}_nodes.csv", "text/csv",
+    c3.download_button("Download nodes CSV", frames.frame_csv(nodes), f"{stem}_nodes.csv", "text/csv",
                        key="ab_graph_nodes_csv", icon=":material/download:", on_click="ignore")
     if view.diff is not None:
         rows = gv.alignment_frame(view.diff, programs[0], programs[1])
-        c4.download_button("Download alignment CSV", shared.frame_csv(rows), f"{stem}_alignment.csv", "text/csv",
+        c4.download_button("Download alignment CSV", frames.frame_csv(rows), f"{stem}_alignment.csv", "text/csv",
                            key="ab_graph_align_csv", icon=":material/download:", on_click="ignore")
     with st.expander("The numbers behind the graph: one row per node"):
-        st.dataframe(nodes, hide_index=True, width="stretch", height=shared.fit_height(len(nodes), 360),
-                     column_config=shared.number_config(nodes))
+        st.dataframe(nodes, hide_index=True, width="stretch", height=frames.fit_height(len(nodes), 360),
+                     column_config=widgets.number_config(nodes))

@@ -14,12 +14,13 @@ from analyzer.device.roofline import Roof, time_to_first_token
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB
 from analyzer.graph.record import Analysis
-from analyzer.model.prefill import PHASES
+from analyzer.model.spec import PHASES
+from analyzer.report import frames
 from analyzer.report import roofline_figures as rf
 from analyzer.report.catalog import AnalysisRef, phase_sibling
-from app_pages import shared
+from app_pages import analyses, widgets
 
-DEFAULT_ROOF_PROFILE = "m5-ane"  # both roofs measured (ANEMLL): examples/device_profiles.csv
+DEFAULT_ROOF_PROFILE = "m5-ane"  # both roofs measured (ANEMLL): analyzer/device/device_profiles.csv
 DEFAULT_PROMPT_TOKENS = 512
 
 
@@ -31,7 +32,7 @@ def _side(ref: AnalysisRef, refs: Sequence[AnalysisRef]) -> tuple[list[Analysis]
         if sibling is None:
             missing.append(phase)
         else:
-            found.append(shared.load(sibling))
+            found.append(analyses.load(sibling))
     return found, missing
 
 
@@ -54,7 +55,7 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
     profiles = {k: p for k, p in load_profiles().items() if p.has_compute_roof}
     c1, c2, c3, c4 = st.columns([4, 2, 2, 2], vertical_alignment="bottom")
     with c1:
-        key = shared.persisted_selectbox("Device roofs", list(profiles), "ab_roof_profile",
+        key = widgets.persisted_selectbox("Device roofs", list(profiles), "ab_roof_profile",
                                          default=DEFAULT_ROOF_PROFILE, format_func=lambda k: profiles[k].label)
     profile = profiles[key]
     bw_gb_s = c2.number_input("Bandwidth (GB/s)", min_value=0.1, max_value=10_000.0,
@@ -71,13 +72,13 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
     try:
         (found_a, missing_a), (found_b, missing_b) = _side(ref_a, refs), _side(ref_b, refs)
     except QfoldError as e:
-        st.error(f"Cannot load a phase of A or B: {e}")
+        st.error(fmt.md_text(f"Cannot load a phase of A or B: {e}"))
         return
     points = rf.phase_points("A", label_a, found_a, roof) + rf.phase_points("B", label_b, found_b, roof)
     for side, missing in (("A", missing_a), ("B", missing_b)):
         if "prefill" in missing:
             st.info(f"{side} has no prefill analysis of the same model and variant: build one with "
-                    "`python -m analyzer build ... --phase decode+prefill --q-len 64` (one package, shared weights) "
+                    "`qfold build ... --phase decode+prefill --q-len 64` (one package, shared weights) "
                     "or `--phase prefill`, or on the Builds page.", icon=":material/info:")
         if "decode" in missing:
             st.info(f"{side} has no decode analysis of the same model and variant.", icon=":material/info:")
@@ -85,7 +86,7 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
     st.markdown(f"**Decode and prefill side by side** on {roof.label}: {fmt.bandwidth(roof.bytes_per_s)}, "
                 f"{roof.flops_per_s / 1e12:,.2f} TFLOP/s, ridge at {roof.ridge_flops_per_byte:,.0f} FLOP/byte. "
                 "Per token = per call ÷ tokens per call (per prompt token for a prefill).")
-    shared.table_with_download(frame, "ab_phases_csv", "decode_prefill_roofline.csv", display=_display(frame),
+    widgets.table_with_download(frame, "ab_phases_csv", "decode_prefill_roofline.csv", display=_display(frame),
                                caption="KV tiles = kv_replication tiles; bytes are logical (MIL shapes); FLOPs: a "
                                        "multiply-add = 2 (conventions in analyzer/graph/flops.py).")
     if len(frame):
@@ -101,8 +102,8 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
         for row in t.itertuples():
             decode = next((p.call for p in points if p.side == row.side and p.call.phase == "decode"), None)
             rate = f"; decode {decode.tok_per_s:,.1f} tok/s ({decode.bound}-bound)" if decode else ""
-            st.markdown(f"- {row.side} ({row.label}): **{row.seconds * 1e3:,.1f} ms** = {row.how}{rate}")
-        st.download_button("Download CSV", shared.frame_csv(t), "time_to_first_token.csv", "text/csv",
+            st.markdown(f"- {row.side} ({fmt.md(row.label)}): **{row.seconds * 1e3:,.1f} ms** = {row.how}{rate}")
+        st.download_button("Download CSV", frames.frame_csv(t), "time_to_first_token.csv", "text/csv",
                            key="ab_ttft_csv", icon=":material/download:", on_click="ignore")
     st.caption(f"Roofs: {profile.source} ({profile.kind}) / {profile.flops_source} ({profile.flops_kind})"
                + (" — edited here." if edited else ".")

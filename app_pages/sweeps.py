@@ -3,20 +3,28 @@ token against context length, one line per variant/compression, with the measure
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import streamlit as st
 
+from analyzer import fmt
 from analyzer.device.profiles import DEFAULT_PROFILE, load_profiles
 from analyzer.device.sweep import RayOptions, SweepJob
 from analyzer.device.sweep_spec import SweepError, make_spec, read_spec_file
-from analyzer.device.sweep_table import read_table
+from analyzer.device.sweep_table import FINISHED, read_table
 from analyzer.errors import QfoldError
 from analyzer.model.sources import DEFAULT_PRESET, preset_names
+from analyzer.report import frames
 from analyzer.report import sweep_figures as sf
-from app_pages import shared
+from analyzer.report.catalog import builds_root
+from app_pages import logs_state, widgets
 
 st.title("Sweeps")
 st.caption("A sweep builds every model × compression × variant × context length × phase on Ray (a local cluster, or "
-           "`python -m analyzer sweep --address …` for a real one) into the same builds/ as single builds. "
+           "`qfold sweep --address …` for a real one) into the same builds/ as single builds. One graph at four or "
+           "more context lengths costs three conversions: the other points are derived from them (every tensor size "
+           "is affine in ctx; the law is checked op for op on the third) and drawn as open markers. "
            "Predicted tok/s = the device profile's bandwidth ÷ the graph's bytes per token. MB = 10^6 bytes.")
 
 profiles = load_profiles()
@@ -44,9 +52,6 @@ if source == "define":
     if submitted:
         try:
             if spec_file is not None:
-                import tempfile
-                from pathlib import Path
-
                 with tempfile.TemporaryDirectory() as tmp:  # the upload's name never becomes a path of ours
                     path = Path(tmp) / ("spec.toml" if spec_file.name.endswith(".toml") else "spec.json")
                     path.write_bytes(spec_file.getvalue())
@@ -56,25 +61,25 @@ if source == "define":
                                   "q_len": int(q_len),
                                   "compression": [c for c in compressions.splitlines() if c.strip()],
                                   "structure": structure, "device": device})
-            st.session_state["sweeps_job"] = SweepJob(spec, shared.builds_root(),
+            st.session_state["sweeps_job"] = SweepJob(spec, builds_root(),
                                                       ray_options=RayOptions(num_cpus=None)).start()
         except QfoldError as e:
-            shared.error(e)
+            widgets.error(e)
 
     job: SweepJob | None = st.session_state.get("sweeps_job")
     if job is None:
-        st.info("Define a sweep and run it, or load a sweep table (`python -m analyzer sweep … --out TABLE.csv`).")
+        st.info("Define a sweep and run it, or load a sweep table (`qfold sweep … --out TABLE.csv`).")
         st.stop()
 
     @st.fragment(run_every="2s")
     def follow() -> None:
         rows, finished, error, messages = job.snapshot()
-        done = sum(r.status in ("built", "reused", "failed") for r in rows)
+        done = sum(r.status in (*FINISHED, "failed") for r in rows)
         st.progress(done / max(len(rows), 1), text=f"{done} of {len(rows)} points"
-                    + (f" · {messages[-1]}" if messages and not finished else ""))
+                    + (f" · {fmt.md_text(messages[-1])}" if messages and not finished else ""))
         if error:
-            shared.error(error)
-        shared.show_table(sf.progress_frame(rows), key="sweeps_live")
+            widgets.error(error)
+        widgets.show_table(sf.progress_frame(rows), key="sweeps_live")
         if finished and not st.session_state.get(f"sweeps_done_{job.id}"):
             st.session_state[f"sweeps_done_{job.id}"] = True
             st.rerun()
@@ -86,20 +91,20 @@ else:
     upload = st.file_uploader("A sweep table (.csv, .json, .parquet)", type=["csv", "json", "parquet"],
                               key="sweeps_table")
     if upload is None:
-        st.info("Upload the table `python -m analyzer sweep … --out TABLE` wrote.")
+        st.info("Upload the table `qfold sweep … --out TABLE` wrote.")
         st.stop()
     suffix = "." + upload.name.rsplit(".", 1)[-1].lower()
     try:
         table = sf.sweep_frame(read_table(f"table{suffix}", upload.getvalue()))
     except SweepError as e:
-        shared.error(e)
+        widgets.error(e)
         st.stop()
 
 if table is None or table.empty:
     st.info("No finished point yet.")
     st.stop()
 
-imported = shared.log_import()
+imported = logs_state.log_import()
 measured = sf.measured_frame(imported.measurements)
 profile_keys = {str(k) for k in table["device_profile"].dropna()}
 profile_label = profiles[next(iter(profile_keys))].label if len(profile_keys) == 1 and \
@@ -113,10 +118,10 @@ if table["bytes_weights"].notna().any():
                "tile bytes are exact, their weight bytes (and so absolute tok/s) are not the full model's.")
 
 st.subheader("The numbers behind the charts")
-shared.show_table(table, key="sweeps_table_view")
-st.download_button("Download the sweep points (CSV)", shared.frame_csv(table), "sweep_points.csv", "text/csv",
+widgets.show_table(table, key="sweeps_table_view")
+st.download_button("Download the sweep points (CSV)", frames.frame_csv(table), "sweep_points.csv", "text/csv",
                    key="sweeps_dl_points")
 if len(measured):
-    shared.show_table(measured, key="sweeps_measured_view")
-    st.download_button("Download the measured points (CSV)", shared.frame_csv(measured), "sweep_measured.csv",
+    widgets.show_table(measured, key="sweeps_measured_view")
+    st.download_button("Download the measured points (CSV)", frames.frame_csv(measured), "sweep_measured.csv",
                        "text/csv", key="sweeps_dl_measured")

@@ -4,7 +4,7 @@
    1.2B, ctx 4096, KV as state): milproto load → the pass → ct.convert (pass-only pipeline) → save → per-constant
    weight check; then, timed apart, the interpreter proof over ``--proof-steps`` decode steps.
 2. ``convert``: one plain conversion of the same model, probe-style: the qfold decode step traced and converted by
-   ``analyzer.build.convert.convert_step`` (the default pass pipeline) and saved; no equivalence, no analysis.
+   ``analyzer.convert.child.convert_step`` (the default pass pipeline) and saved; no equivalence, no analysis.
 Each runs in its own child process, so each peak RSS is its own. Then the folded package is diffed against the
 qfold build of the same spec: bytes per token must be equal in every category (op counts may differ; listed).
 
@@ -38,7 +38,7 @@ def stage_fold(repeat_kv: str, out: str, proof_steps: int) -> dict:
     from analyzer import quiet_coremltools
 
     quiet_coremltools()
-    from analyzer.build.fold import report_json
+    from analyzer.convert.fold import report_json
     from analyzer.graph.passes.package import fold_package
     from analyzer.graph.passes.proof import prove_fold
 
@@ -61,7 +61,7 @@ def stage_convert(out: str) -> dict:
     quiet_coremltools()
     import torch
 
-    from analyzer.build.convert import check_numpy, convert_step
+    from analyzer.convert.child import check_numpy, convert_step
     from analyzer.model.decode import DecodeStep, build_model
     from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 
@@ -109,10 +109,11 @@ def main() -> int:
 
     import psutil
 
-    from analyzer.build.builds import BuildSpec
-    from analyzer.graph.diff import diff_documents
-    from analyzer.graph.record import load_analysis, load_program
+    from analyzer.cli.diff import diff_json
+    from analyzer.graph.diff import diff_analyses
+    from analyzer.graph.record import load_analysis
     from analyzer.model.sources import DEFAULT_PRESET, resolve_source
+    from analyzer.model.spec import BuildSpec
 
     source = resolve_source(DEFAULT_PRESET)
     builds = Path(a.builds_dir)
@@ -126,9 +127,9 @@ def main() -> int:
         fold = _child("--stage", "fold", "--proof-steps", str(a.proof_steps), "--",
                       str(builds / keys["repeat_kv"] / "model.mlpackage"), str(folded))
         convert = _child("--stage", "convert", "--", str(work / "plain.mlpackage"))
-        after = load_program(folded)[1]
+        after = load_analysis(folded)
         qfold = load_analysis(builds / keys["qfold"])
-        d = diff_documents(qfold, after)
+        d = diff_json(diff_analyses(qfold, after))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     unequal = {k: v for k, v in d["bytes_per_token"].items() if v["delta"]}
@@ -140,7 +141,7 @@ def main() -> int:
         "fold": fold,
         "plain_conversion": convert,
         "fold_faster_than_plain_conversion": fold["fold_s"] < convert["convert_and_save_s"],
-        "folded_tiles": after["summary"]["tile_count"],
+        "folded_tiles": after.summary.tile_count,
         "diff_vs_qfold_build": {
             "bytes_per_token": d["bytes_per_token"],
             "bytes_equal_in_every_category": not unequal,

@@ -27,8 +27,9 @@ GOAL_S = 30.0  # issue #9: one full-size decode step in under 30 s
 def _package(args) -> Path:
     if args.package:
         return Path(args.package)
-    from analyzer.build.builds import BuildSpec, run_build
+    from analyzer.convert.launch import run_build
     from analyzer.model.sources import DEFAULT_PRESET, resolve_source
+    from analyzer.model.spec import BuildSpec
 
     spec = BuildSpec(resolve_source(DEFAULT_PRESET), args.variant, "state", 4096)
     return run_build(spec, args.builds_dir, on_progress=lambda p: print(
@@ -48,14 +49,14 @@ def main() -> int:
 
     load_avg_before = os.getloadavg()
     t = time.monotonic()
-    import coremltools  # noqa: F401  (the protobuf reader; imported by load_program anyway)
+    import coremltools  # noqa: F401  (the protobuf reader; imported by load_interpreter anyway)
 
-    from analyzer.graph.interpret import decode_steps, load_program
+    from analyzer.graph.interpret import decode_steps, load_interpreter
 
     import_s = time.monotonic() - t
     package = _package(a)
     t, c = time.monotonic(), time.process_time()
-    interp = load_program(package)
+    interp = load_interpreter(package)
     load_s, load_cpu_s = time.monotonic() - t, time.process_time() - c
 
     steps: list[dict] = []

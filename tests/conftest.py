@@ -2,6 +2,7 @@
 
 tiny: 2 layers of the default preset's attention geometry at ctx 256 (~10 s a build); tiny_phase_builds: the same
 as decode+prefill packages.
+coreai_builds: the tiny config as Core AI builds (materialised, fp16) of repeat_kv, qfold and sdpa_gqa.
 structure: the default preset's 30 layers and attention geometry at ctx 4096 with small hidden/vocab sizes
 (same tiles and tile bytes as full size in ~1 min and ~1 GB a build: docs/measurements.md).
 
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.build.builds import BuildSpec, run_build
+from analyzer.convert.launch import run_build, run_builds
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
+from analyzer.model.spec import BuildSpec
 
 TINY_OVERRIDES = (*STRUCTURE_OVERRIDES, "num_hidden_layers=2")
 TINY_CTX = 256
@@ -34,8 +36,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def builds_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("builds")
+def builds_root(tmp_path_factory, worker_id) -> Path:
+    """One builds folder for the whole run, shared by every xdist worker: an identical conversion is made once
+    (the builds folder's key locks make a second worker wait for it and reuse it, as two users would)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "shared-builds"
+    root.mkdir(exist_ok=True)
     os.environ["QFOLD_BUILDS"] = str(root)
     return root
 
@@ -65,3 +71,34 @@ def tiny_phase_builds(builds_root) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def structure_builds(builds_root) -> dict[str, Path]:
     return _pair(builds_root, STRUCTURE_OVERRIDES, 4096)
+
+
+@pytest.fixture(scope="session")
+def shipped_styles(tmp_path_factory) -> dict[str, tuple]:
+    """Each converter style of tests/shipped_styles.py (issue #20) saved with plain coremltools, folded
+    (``fold_package``) and proved (``prove_fold``, no input spec, 4 steps): style → (package, folded package,
+    fold report, proof), made once per session (the packages' folder holds nothing else)."""
+    from analyzer.graph.passes.package import fold_package
+    from analyzer.graph.passes.proof import prove_fold
+    from tests.shipped_styles import STYLES
+
+    root = tmp_path_factory.mktemp("shipped-styles")
+    out = {}
+    for name, build in STYLES.items():
+        src = Path(build(root / f"{name}.mlpackage"))
+        dst = root / f"{name}-folded.mlpackage"
+        out[name] = (src, dst, fold_package(src, dst), prove_fold(src, dst, steps=4))
+    return out
+
+
+COREAI_VARIANTS = ("repeat_kv", "qfold", "sdpa_gqa")
+
+
+@pytest.fixture(scope="session")
+def coreai_builds(builds_root) -> dict[str, Path]:
+    """The tiny config as Core AI builds (``--backend coreai``, materialised fp16: a ``model.aimodel`` each) of the
+    three variants, converted by one child beside the Core ML tiny pair; skipped where Core AI is not installed."""
+    pytest.importorskip("coreai_torch")  # Core AI's wheels: Linux x86_64 cp311/cp312 and macOS arm64 only
+    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    specs = [BuildSpec(source, v, "state", TINY_CTX, backend="coreai") for v in COREAI_VARIANTS]
+    return {s.variant: r.path for s, r in zip(specs, run_builds(specs, builds_root), strict=True)}

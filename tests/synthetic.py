@@ -10,12 +10,13 @@ the layers an embedding ``gather`` and an ``lm_head`` linear.
 
 from __future__ import annotations
 
-from analyzer.graph.buildinfo import BuildInfo, StoredSpec
+from analyzer.graph.buildinfo import BuildInfo
+from analyzer.graph.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
 from analyzer.graph.opfacts import derive_op_facts
-from analyzer.graph.program import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
 from analyzer.graph.record import Analysis
-from analyzer.model.equivalence import EquivalenceReport, PairResult, ReferenceCheck
+from analyzer.model.equivalence_records import EquivalenceReport, PairResult, ReferenceCheck
 from analyzer.model.sources import AttentionGeometry, resolve_source
+from analyzer.model.spec import BuildSpec
 
 MIB = 1 << 20
 TILE_BYTES = 16 * MIB  # [1, 8, 4, 4096, 64] fp16
@@ -97,7 +98,7 @@ def build_info(variant: str, layers: int, ctx: int = 4096, compression: str | No
     source = resolve_source("exaone-4.0-1.2b", ("hidden_size=256", "vocab_size=1000", f"num_hidden_layers={layers}"))
     return BuildInfo(
         key=f"synthetic-{variant}", created="2026-11-30T12:00:00+00:00",
-        spec=StoredSpec(source, variant, "state", ctx, compression, 8),
+        spec=BuildSpec(source, variant, "state", ctx, compression, 8),
         geometry=AttentionGeometry("exaone4", layers, 32, 8, 64, 256, 1000),
         versions={"qfold": "0.1.0", "coremltools": "9.0"}, timings_s={"convert_s": 1.0},
         peak_rss_bytes=1 << 30, package_bytes=1 << 20, equivalence=equivalence(), untied_embeddings=False)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from analyzer.build.convert import convert_step
+from analyzer.convert.child import convert_step
 from analyzer.graph.accounting import CATEGORIES, account
-from analyzer.graph.mil import read_program
+from analyzer.graph.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, resolve_source
 

@@ -6,17 +6,19 @@ the shipped default analyses when they are installed; expected numbers are read 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from analyzer import fmt
-from analyzer.build import jobs
-from analyzer.build.builds import BuildResult, BuildSpec
+from analyzer.convert import jobs
+from analyzer.convert.launch import BuildResult
 from analyzer.device.logs import parse_logs, summarize
 from analyzer.errors import BuildError
 from analyzer.model.sources import resolve_source
+from analyzer.model.spec import BuildSpec
 from analyzer.report.catalog import catalog, default_pair, measured_pairs, shipped_analyses
 from analyzer.report.labels import default_log_mapping
 
@@ -41,7 +43,14 @@ def open_page(page: str | None = None, **state) -> AppTest:
 
 
 def texts(elements) -> list[str]:
-    return [str(e.value) for e in elements]
+    """What each element reads as on the page: markdown escapes (``fmt.md_text``) and the code-span fences of
+    user values (``fmt.md``) removed, so a test matches the words a user sees."""
+    return [plain(str(e.value)) for e in elements]
+
+
+def plain(markdown: str) -> str:
+    unfenced = re.sub(r"(`+) (.*?) \1", lambda m: m.group(2), markdown)
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", unfenced)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +191,7 @@ def test_builds_page_rejects_a_bad_folder(tiny_builds, tmp_path, monkeypatch):
 def test_device_logs_default_to_the_writeup_example(tiny_builds):
     at = open_page("app_pages/device_logs.py")
     assert any("Every row accepted (6 runs)" in s for s in texts(at.success))
-    labels = [s.label for s in at.selectbox]
+    labels = [plain(s.label) for s in at.selectbox]  # log labels are user text: fmt.md
     assert "exaone-repeat_kv-top8" in labels and "exaone-qfold-top8" in labels
     mapping = at.session_state["logs_mapping"]
     assert mapping["exaone-repeat_kv-top8"].endswith("-top8") and mapping["exaone-qfold-top8"].endswith("-top8")
@@ -206,12 +215,12 @@ def test_bandwidth_page_shows_the_writeup_crosscheck(tiny_builds):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["A inferred, MB/token"] == "2,741.5"  # 55,900 / 20.39: exaone-repeat_kv-top8
     assert metrics["B inferred, MB/token"] == "1,029.5"  # 55,900 / 54.30: exaone-qfold-top8
-    assert any("A = `exaone-repeat_kv-top8`" in m for m in texts(at.markdown))
+    assert any("A = exaone-repeat_kv-top8 " in m for m in texts(at.markdown))
     assert metrics["inferred difference, MB/token"] == "1,712.1"
     assert metrics["graph difference, MB/token"] == "2,013.3"  # the shipped top8 A/B: 1,920 MiB of tile traffic
     assert at.warning or at.success  # a verdict sentence per fitted device
     captions = texts(at.caption)
-    assert any("Assumed for `exaone-qfold-top8`" in c and "does not state it" in c for c in captions), captions
+    assert any("Assumed for exaone-qfold-top8" in c and "does not state it" in c for c in captions), captions
 
 
 def test_export_page_offers_every_download(tiny_builds):

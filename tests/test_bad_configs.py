@@ -7,10 +7,6 @@ in one child process (tests/cli_batch.py) to pay the torch import once.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +14,7 @@ import pytest
 from analyzer.errors import SourceError
 from analyzer.model.cost import check_request, estimate
 from analyzer.model.sources import load_config, resolve_source
+from tests.cli_batch import run_batch
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "data" / "bad_configs"
@@ -70,11 +67,7 @@ ARG_CASES: list[tuple[list[str], int, str]] = [
 
 
 def _run_batch(cases: list[dict]) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(HERE / "cli_batch.py")], input=json.dumps(cases), text=True,
-                          capture_output=True, cwd=HERE.parent, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(HERE.parent)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return run_batch(cases, workers=1)  # one long-lived child, 10 s and 1 GB per case
 
 
 @pytest.fixture(scope="module")

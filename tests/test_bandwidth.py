@@ -15,7 +15,7 @@ import pytest
 
 from analyzer.cli.fit import add_parser as add_fit_parser
 from analyzer.cli.fit import run_fit
-from analyzer.device.bandwidth import (
+from analyzer.device.bandwidth_model import (
     BANDWIDTH_PRESETS,
     DEFAULT_BANDWIDTH_PRESET,
     WRITEUP_AB_IPHONE,
@@ -387,13 +387,13 @@ def test_cli_build_paths_read_the_analysis_and_state_its_assumptions(tmp_path: P
 
 
 def test_the_cli_and_the_page_run_one_pipeline() -> None:
-    """``fit`` and the Bandwidth page both call device.fit.bandwidth_report (app_pages/shared.py)."""
+    """``fit`` and the Bandwidth page both call device.fit.bandwidth_report (app_pages/logs_state.py)."""
     measurements = parse_log(EXAMPLE.read_bytes(), EXAMPLE.name).measurements
     result = bandwidth_report(measurements, {RKV: RKV_GRAPH_BYTES, QFOLD: QFOLD_GRAPH_BYTES})
     assert [p.graph_diff_bytes for p in result.crosscheck.pairs] == [TILE_BYTES]
     assert result.bandwidth[AB_DEVICE].kind == "fit" and result.bandwidth["iPhone 16 Pro"].kind == "preset"
-    shared = (REPO / "app_pages" / "shared.py").read_text()
-    assert "bandwidth_report(" in shared and "fit_devices(" not in shared
+    page_state = (REPO / "app_pages" / "logs_state.py").read_text()
+    assert "bandwidth_report(" in page_state and "fit_devices(" not in page_state
     assert "bandwidth_report(" in (REPO / "analyzer" / "cli" / "fit.py").read_text()
 
 

@@ -10,11 +10,16 @@ import sys
 from pathlib import Path
 
 import analyzer
+from app_pages.session_keys import Key
 
 REPO = Path(__file__).resolve().parent.parent
 CODE = [*REPO.glob("analyzer/**/*.py"), REPO / "app.py", *REPO.glob("app_pages/*.py"), *REPO.glob("bench/*.py")]
+# The product's modules: the core, the dashboard. Every house rule below covers both.
+PRODUCT = sorted([*REPO.glob("analyzer/**/*.py"), REPO / "app.py", *REPO.glob("app_pages/**/*.py")])
 README = (REPO / "README.md").read_text()
 MAX_MODULE_LINES = 400
+# The dashboard's pages (app.py's st.Page entries); the other app_pages modules are what pages share.
+PAGES = set(re.findall(r'st\.Page\("app_pages/(\w+)\.py"', (REPO / "app.py").read_text()))
 # Modules another branch is splitting; each must still be over the limit (else drop it from here).
 OVER_LIMIT_UNTIL_SPLIT: dict[str, str] = {}
 
@@ -98,7 +103,8 @@ def _layer(module: str, order: list[str], base: set[str]) -> str:
 
 def test_imports_follow_the_readme_layering():
     order, base = _layering()
-    assert order == ["model", "graph", "build", "device", "report", "cli"] and base == {"errors", "fmt", "fsio"}
+    assert order == ["model", "graph", "convert", "device", "report", "cli"]
+    assert base == {"errors", "fmt", "fsio", "jsonfields"}
     wrong = []
     for module, targets in GRAPH.items():
         mine = _layer(module, order, base)
@@ -156,8 +162,8 @@ def test_the_import_checks_can_fail():
     order, base = _layering()
     assert order.index(_layer("analyzer.report.catalog", order, base)) > order.index(
         _layer("analyzer.graph.record", order, base))
-    assert "analyzer.graph.mil" in GRAPH["analyzer.graph.record"]  # edges are found
-    assert "analyzer.build.compress.spec" in GRAPH["analyzer.build.builds"]  # lazy (inside a function)
+    assert "analyzer.graph.mil_reader" in GRAPH["analyzer.graph.record"]  # edges are found
+    assert "analyzer.model.compress_spec" in GRAPH["analyzer.model.spec"]
 
 
 # ---------------------------------------------------------------------------------------------- the tree
@@ -186,13 +192,148 @@ def test_readme_layout_table_matches_the_tree():
         assert not missing, f"{package}: modules not in the README layout table: {sorted(missing)}"
         unknown = {n for n in names if n.rstrip("/") not in {m.rstrip("/") for m in modules} and n != "__init__"}
         assert not unknown, f"{package}: the README layout table names what is not there: {sorted(unknown)}"
-    for line in ("`analyzer/errors.py`, `fmt.py`, `fsio.py`", "`analyzer/shipped/`"):
+    for line in ("`analyzer/errors.py`, `fmt.py`, `fsio.py`, `jsonfields.py`", "`analyzer/shipped/`"):
         assert line in README
     assert {p.name for p in (REPO / "analyzer").glob("*.py")} == {"__init__.py", "__main__.py", "errors.py",
-                                                                 "fmt.py", "fsio.py"}
+                                                                 "fmt.py", "fsio.py", "jsonfields.py"}
 
 
 def test_no_module_over_the_limit():
-    over = {str(p.relative_to(REPO)): n for p in REPO.glob("analyzer/**/*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    over = {str(p.relative_to(REPO)): n for p in PRODUCT if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert set(over) == set(OVER_LIMIT_UNTIL_SPLIT), over
+
+
+# ------------------------------------------------------------------------------------------ one name, one place
+def duplicate_base_names(paths: list[Path]) -> dict[str, list[str]]:
+    """Module base names used more than once, outside cli/ (one module per subcommand, named after it) and the
+    interpreter's per-op kernels (interpret/ops/, named after the op families)."""
+    seen: dict[str, list[str]] = {}
+    for p in paths:
+        rel = p.relative_to(REPO).as_posix()
+        if p.name == "__init__.py" or rel.startswith("analyzer/cli/") or "/interpret/ops/" in rel:
+            continue
+        seen.setdefault(p.stem, []).append(rel)
+    return {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def test_no_two_modules_share_a_base_name():
+    assert duplicate_base_names(PRODUCT) == {}
+    assert duplicate_base_names([REPO / "analyzer/graph/record.py", REPO / "app_pages/record.py"]) == {
+        "record": ["analyzer/graph/record.py", "app_pages/record.py"]}
+
+
+# ------------------------------------------------------------------------------------------ imports at the top
+# Heavy or optional dependencies: imported inside functions, and only in the boundary modules the README lists.
+LAZY_ALLOWED = {"torch", "coremltools", "ray", "transformers", "coreai", "coreai_torch"}
+
+
+def lazy_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import statement not at the module's top: inside a function, a ``with``, an ``if``
+    or a loop (an ``if TYPE_CHECKING:`` block at the top is a declaration, not an import)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top = {id(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+    for block in (n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)):
+        top |= {id(n) for n in ast.walk(block)}
+    out = []
+    for n in ast.walk(tree):
+        if id(n) in top:
+            continue
+        if isinstance(n, ast.Import):
+            out += [(n.lineno, a.name) for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            out.append((n.lineno, n.module or "."))
+    return sorted(out)
+
+
+def _boundary_modules() -> set[str]:
+    m = re.search(r"boundary modules, the only ones that import inside a function: ((?:`[\w./]+`(?:, | and )?)+)",
+                  README)
+    assert m, "the README no longer lists the boundary modules"
+    return set(re.findall(r"`([\w./]+)`", m.group(1)))
+
+
+def test_imports_are_at_module_top_except_heavy_ones_at_boundaries():
+    boundary = _boundary_modules()
+    wrong, lazy_modules = [], set()
+    for path in PRODUCT:
+        rel = path.relative_to(REPO).as_posix()
+        me = _module_name(path) if rel.startswith("analyzer/") else None
+        for line, module in lazy_imports(path):
+            if module.split(".")[0] in LAZY_ALLOWED or (me and module == me):  # a worker imports itself by name
+                lazy_modules.add(rel)
+            else:
+                wrong.append(f"{rel}:{line} imports {module} inside a function")
+    assert wrong == []
+    assert lazy_modules == boundary, "README boundary list vs the modules that import lazily"
+
+
+def test_the_lazy_import_check_can_fail(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\n\ndef g():\n    import json\n    from torch import nn\n    return json, nn, os\n"
+                 "with open(os.devnull):\n    import re\nif os.sep:\n    import csv\n")
+    assert lazy_imports(f) == [(4, "json"), (5, "torch"), (8, "re"), (10, "csv")]
+
+
+# ---------------------------------------------------------------------------------------------- the dashboard
+def _app_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_the_dashboard_is_a_layer_above_the_core():
+    """app.py and app_pages/ import the core and Streamlit; the core never imports them (app_pages is the top)."""
+    for path in REPO.glob("analyzer/**/*.py"):
+        assert not {m for m in _app_imports(path) if m.split(".")[0] in ("app_pages", "app")}, path
+    pages = {p.stem for p in REPO.glob("app_pages/*.py")}
+    for path in REPO.glob("app_pages/*.py"):
+        # a page never imports another page: what two pages share lives in a non-page module or in analyzer/
+        imported = {m.split(".")[1] for m in _app_imports(path) if m.startswith("app_pages.")}
+        assert not (imported & PAGES), f"{path.name} imports page(s) {imported & PAGES}"
+    assert PAGES <= pages
+
+
+def test_shared_session_keys_are_named_not_spelled():
+    """A key of ``app_pages.session_keys.Key`` is written ``Key.X`` wherever it is used (a misspelt literal would be
+    a silently empty value)."""
+    spelled = [f"{p.relative_to(REPO)}: {k.value!r}" for p in sorted((REPO / "app_pages").glob("*.py"))
+               if p.name != "session_keys.py" for k in Key
+               if re.search(rf"""["']{re.escape(k.value)}["']""", p.read_text())]
+    assert spelled == []
+
+
+# ------------------------------------------------------------------------------------- scripts outside the core
+def _defined_names(path: Path) -> set[str]:
+    """What a module defines or imports at any depth (a static read: importing bench scripts' targets costs torch)."""
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            out |= {x.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                    for x in ast.walk(t) if isinstance(x, ast.Name)}
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in n.names}
+    return out
+
+
+def test_bench_and_scripts_import_what_the_core_still_has():
+    """bench/ and scripts/ run on demand, not in this suite: a rename in the core must not leave them importing a
+    name that is gone (bench/fold_full_size.py imported load_program for months after it went)."""
+    missing = []
+    for path in sorted([*REPO.glob("bench/*.py"), *REPO.glob("scripts/**/*.py")]):
+        for n in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").startswith("analyzer")):
+                continue
+            target = MODULES.get(n.module)
+            if target is None:
+                missing.append(f"{path.relative_to(REPO)}:{n.lineno}: no module {n.module}")
+                continue
+            have = _defined_names(target)
+            missing += [f"{path.relative_to(REPO)}:{n.lineno}: {n.module} has no {a.name}" for a in n.names
+                        if a.name not in have and f"{n.module}.{a.name}" not in MODULES]
+    assert missing == []

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.build.builds import PACKAGE_NAME, BuildSpec, run_build
-from analyzer.build.state import clean_stale_tmp
+from analyzer.convert.builds_folder import clean_stale_tmp
+from analyzer.convert.launch import PACKAGE_NAME, run_build
 from analyzer.errors import BuildError
 from analyzer.graph.record import ANALYSIS_FILE
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
+from analyzer.model.spec import BuildSpec
 
 from .conftest import TINY_CTX, TINY_OVERRIDES
 
@@ -60,7 +61,7 @@ def test_killed_build_leaves_nothing_that_looks_finished(tmp_path):
     spec = BuildSpec(source, "qfold", "state", 512)
     request = tmp_path / "request.json"
     request.write_text(json.dumps(spec.to_json()))
-    proc = subprocess.Popen([sys.executable, "-m", "analyzer.build.convert", str(request), str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "analyzer.convert.child", str(request), str(tmp_path)],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
     try:
         for line in proc.stdout:  # wait until the conversion itself is under way
@@ -128,3 +129,15 @@ def test_bad_arguments_exit_nonzero_with_one_line(args, code, needle):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_relative_builds_dir_is_the_callers_folder(tmp_path):
+    """``--builds-dir rel`` from another working directory: the conversion child runs in the checkout, so the
+    folder must be the caller's ``./rel`` (every build with a relative folder failed, its request file not found)."""
+    sets = [x for o in TINY_OVERRIDES for x in ("--set", o)]
+    r = subprocess.run([sys.executable, "-m", "analyzer", "build", "--variant", "qfold", "--ctx", str(TINY_CTX), *sets,
+                        "--builds-dir", "rel"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    folder = Path(r.stdout.strip().splitlines()[-1])
+    assert folder.parent == tmp_path / "rel" and (folder / ANALYSIS_FILE).is_file()

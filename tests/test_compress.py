@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from analyzer.build.compress import (
+from analyzer.convert.compress import (
     DEFAULT_GROUP_CHANNELS,
     CompressionError,
     canonical_spec,
@@ -197,9 +197,10 @@ def geometry(source):
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """The fp16 and top8 builds of a 2-layer model through the child process (one equivalence step)."""
-    from analyzer.build.builds import BuildSpec, run_build
+    from analyzer.convert.launch import run_build
     from analyzer.graph.record import read_analysis_file
     from analyzer.model.sources import resolve_source
+    from analyzer.model.spec import BuildSpec
 
     source = resolve_source("exaone-4.0-1.2b", TWO_LAYERS)
     root = tmp_path_factory.mktemp("builds")
@@ -214,8 +215,8 @@ def builds(tmp_path_factory):
 def mixed(source, tmp_path_factory):
     """The tied model untied in torch, converted without const deduplication, saved as is (the fp16
     reference) and compressed with MIXED."""
-    from analyzer.build.convert import convert_step
-    from analyzer.graph.mil import read_program
+    from analyzer.convert.child import convert_step
+    from analyzer.graph.mil_reader import read_program
     from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
 
     plan = parse_spec(MIXED, 4)

@@ -6,6 +6,7 @@ keeps the chosen pair."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -14,11 +15,12 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from analyzer.build.builds import BuildSpec, run_build
+from analyzer.convert.launch import run_build
 from analyzer.graph.record import load_analysis
 from analyzer.model.sources import resolve_source
+from analyzer.model.spec import BuildSpec
 from tests.conftest import TINY_CTX, TINY_OVERRIDES
-from tests.test_browser import REPO, WAIT_MS, assert_no_crash, page, server  # noqa: F401  (fixtures)
+from tests.test_browser import REPO, WAIT_MS, assert_no_crash, page, server, sync_api  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -112,4 +114,22 @@ def test_reloading_the_ab_page_keeps_the_pair(page, server, tiny_builds):  # noq
     query = parse_qs(urlparse(page.url).query)
     assert query["a"] == [f"build:{tiny_builds['repeat_kv'].name}"]
     assert query["b"] == [f"build:{tiny_builds['qfold'].name}"]
+    assert_no_crash(page)
+
+
+def test_a_core_ai_ab_names_the_backend_then_opens_its_twin(page, server, tiny_builds, coreai_builds):  # noqa: F811
+    """Core ML repeat_kv vs Core AI Q-fold (issue 19): the pickers say which is Core AI, the apples-to-apples warning
+    names the backend, and B's matching pair is the Core AI repeat_kv build (a twin shares the backend)."""
+    page.get_by_text("tile ops, A → B").first.wait_for(timeout=3 * WAIT_MS)  # a fresh server's first page: slow
+    pick(page, "A (baseline)", f"build {tiny_builds['repeat_kv'].name.rsplit('-', 1)[1]}")
+    pick(page, "B (candidate)", f"build {coreai_builds['qfold'].name.rsplit('-', 1)[1]}")
+    assert "KV state · Core AI · build" in shown(page, "B (candidate)")
+    assert "Core AI" not in shown(page, "A (baseline)")
+    page.get_by_text("A and B differ in backend (Core ML vs Core AI)").first.wait_for()
+    page.get_by_role("button", name="Open the matching pair of B").click()
+    twin = f"KV state · Core AI · build {coreai_builds['repeat_kv'].name.rsplit('-', 1)[1]}"
+    sync_api.expect(page.get_by_role("combobox", name="A (baseline)")).to_have_value(re.compile(re.escape(twin)),
+                                                                                          timeout=WAIT_MS)
+    assert "Core AI" in shown(page, "B (candidate)")
+    sync_api.expect(page.get_by_text("A and B differ in")).to_have_count(0, timeout=WAIT_MS)
     assert_no_crash(page)

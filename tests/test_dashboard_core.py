@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import re
 import subprocess
-import sys
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -15,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from analyzer import fmt
-from analyzer.build.builds import BuildSpec
-from analyzer.build.compress import canonical_spec
-from analyzer.build.rebuild import full_size_spec
+from analyzer.convert.compress import canonical_spec
+from analyzer.convert.rebuild import full_size_spec
 from analyzer.device.fit import bandwidth_report
 from analyzer.device.logs import parse_logs
 from analyzer.device.profiles import DEFAULT_PROFILE, load_profiles
@@ -27,6 +25,7 @@ from analyzer.graph.diff import diff_analyses
 from analyzer.graph.record import load_analysis
 from analyzer.model.cost import check_request
 from analyzer.model.sources import AttentionGeometry, load_config, resolve_source
+from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
 from analyzer.report import figures, report
 from analyzer.report.bandwidth_setting import BandwidthSetting, BandwidthSettingError, resolve
 from analyzer.report.catalog import AnalysisRef, RefFacts, load_shipped, matching_pair
@@ -246,6 +245,18 @@ def test_matching_pair_finds_the_other_variant_of_the_same_spec():
     assert matching_pair(other, [base, cand, other]) is None
 
 
+def test_matching_pair_prefers_the_twin_of_the_same_build_mode():
+    """An analysis-mode and a materialised repeat_kv of one spec share the A/B's spec fields; a materialised
+    Q-fold pairs with the materialised one wherever the two sit in the list (CI found the first one taken)."""
+    cand = _ref("build", "m", "qfold", key="m-q")
+    materialised = _ref("build", "m", "repeat_kv", key="m-r")
+    analysis = _ref("build", "m", "repeat_kv", key="m-r-analysis")
+    analysis = AnalysisRef(analysis.id, analysis.kind, analysis.label, analysis.path, analysis.variant,
+                           spec=analysis.spec, facts=replace(analysis.facts, build_mode=ANALYSIS_MODE))
+    assert matching_pair(cand, [analysis, materialised, cand]) == (materialised, cand)
+    assert matching_pair(cand, [analysis, cand]) == (analysis, cand)  # no twin of its mode: the other one
+
+
 # ---------------------------------------------------------------------------------------------- bandwidth
 def test_bandwidth_setting_round_trips_and_refuses_bad_text():
     profiles = load_profiles()
@@ -313,6 +324,13 @@ def test_zip_leaves_symlinks_out(tmp_path):
     with zipfile.ZipFile(io.BytesIO(report.zip_package(pkg, "x.mlpackage"))) as zf:
         assert zf.namelist() == ["x.mlpackage/Manifest.json"]
     assert report.package_size_bytes(pkg) == 2
+    # the command the Export page gives for a large package leaves them out too (python -m zipfile followed them)
+    command = report.zip_command(pkg, "x.mlpackage.zip").replace(" /tmp/x", f" {tmp_path}/x")
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(tmp_path / "x.mlpackage.zip") as zf:
+        assert zf.namelist() == ["x.mlpackage/Manifest.json"]
+    assert subprocess.run(command, shell=True, capture_output=True).returncode != 0  # never overwrites
 
 
 @pytest.mark.conversion
@@ -324,10 +342,10 @@ def test_a_zipped_build_unzips_to_a_package_inspect_reads(tiny_builds, tmp_path)
     assert load_analysis(tmp_path / "ui" / "tiny-qfold.mlpackage").summary == expected.summary
     # the command the page gives for a package too large to download makes the same package
     command = report.zip_command(package, "big.mlpackage.zip").replace(" /tmp/big", f" {tmp_path}/big")
-    subprocess.run(command.replace("python ", f"{sys.executable} ", 1), shell=True, check=True)
+    subprocess.run(command, shell=True, check=True)
     with zipfile.ZipFile(tmp_path / "big.mlpackage.zip") as zf:
         zf.extractall(tmp_path / "cli")
-    assert load_analysis(tmp_path / "cli" / "model.mlpackage").summary == expected.summary
+    assert load_analysis(tmp_path / "cli" / "big.mlpackage").summary == expected.summary
 
 
 # ---------------------------------------------------------------------------------------------- rebuild

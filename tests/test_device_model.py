@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from analyzer.device.model import GraphPoint, Observation, fit_device_model
-from analyzer.device.model_select import select_graphs
+from analyzer.device.timing_model import GraphPoint, Observation, fit_device_model
+from analyzer.device.timing_select import select_graphs
 
 CTXS = (512, 1024, 2048, 4096, 8192)
 WEIGHTS = {"fp16": 2_560_000_000, "top8": 900_000_000, "int4": 700_000_000}
@@ -153,7 +153,7 @@ def _table_rows():
 
 def test_runs_are_averaged_as_seconds_per_token_and_conditions_never_pooled():
     from analyzer.device.logs import Measurement
-    from analyzer.device.model_report import observations_from
+    from analyzer.device.timing_report import observations_from
 
     runs = [Measurement("f", 2, "d", "b", 10.0, context_length=512), Measurement("f", 3, "d", "b", 30.0,
                                                                                  context_length=512),

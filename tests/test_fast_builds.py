@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.build.builds import ANALYSIS_MODE, MATERIALISED_MODE, PACKAGE_NAME, materialised_spec
+from analyzer.convert.launch import LOG_FILE, PACKAGE_NAME
+from analyzer.errors import SourceError
 from analyzer.graph.record import read_analysis_file
-from analyzer.model.cost import estimate
+from analyzer.model.cost import MEMORY_LIMIT_ENV, check_request, estimate
 from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
+from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_ARGS = ("--structure", "--set", "num_hidden_layers=2", "--ctx", "256")
@@ -38,6 +40,12 @@ def test_cli_ab_in_analysis_mode_is_one_child_with_no_package(cli_analysis_ab):
     assert [d.variant for d in docs] == ["repeat_kv", "qfold"]
     assert all(d.build.build_mode == ANALYSIS_MODE and d.build.extra["built_together"] == [a.name, b.name]
                for d in docs)
+    # the second variant converts in a worker process beside the child when there is a core for it (issue 23)
+    assert "converted_in_worker" not in docs[0].build.extra
+    assert docs[1].build.extra.get("converted_in_worker", False) == ((os.cpu_count() or 1) > 1)
+    where = "in this process after its own conversion" if (os.cpu_count() or 1) > 1 else "in a worker process"
+    log = (a / LOG_FILE).read_text()  # the session's builds folder may hold this geometry's check already
+    assert f"checking the variants' equivalence {where}" in log or "reusing the equivalence check" in log, log
     assert not (a / PACKAGE_NAME).exists() and not (b / PACKAGE_NAME).exists()
     assert docs[0].summary.tile_count == 4 and docs[1].summary.tile_count == 0
     shown = _cli("inspect", str(a), "--json")
@@ -79,7 +87,7 @@ def test_cli_refuses_a_fold_build_in_analysis_mode(builds_root):
 @pytest.mark.conversion
 def test_exporting_an_analysis_makes_the_materialised_build_of_the_same_spec(cli_analysis_ab, tiny_builds):
     analysis = read_analysis_file(cli_analysis_ab[1])
-    spec = materialised_spec(analysis.build.spec)
+    spec = analysis.build.spec.materialised()
     assert spec.build_mode == MATERIALISED_MODE and spec.key == tiny_builds["qfold"].name
     cost = estimate(load_config(spec.source), spec.ctx, spec.build_mode)
     assert cost.mode == MATERIALISED_MODE and cost.package_bytes == cost.weight_bytes_fp16 > 0
@@ -107,3 +115,14 @@ def test_one_cost_model_follows_the_mode():
     big = load_config(resolve_source("llama-3.1-8b"))
     assert estimate(big, 4096, ANALYSIS_MODE).peak_rss_bytes < 6e9  # the issue's bound for 7-8B at ctx 4096
     assert estimate(big, 4096, MATERIALISED_MODE).peak_rss_bytes > 16e9
+
+
+def test_cost_guards_admit_a_70b_analysis_on_a_16_gb_laptop(monkeypatch):
+    """Issue 23: the llama-3.1-70b preset passes the ceilings and the memory estimate in analysis mode on a 16 GB
+    machine; a materialised build of it (~0.8 TB estimated) is refused before anything is allocated."""
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, str(16 * 10**9))
+    huge = load_config(resolve_source("llama-3.1-70b"))
+    cost = check_request(huge, 4096, mode=ANALYSIS_MODE)
+    assert cost.params > 70e9 and cost.peak_rss_bytes < 16e9
+    with pytest.raises(SourceError, match="does not fit"):
+        check_request(huge, 4096, mode=MATERIALISED_MODE)

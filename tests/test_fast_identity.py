@@ -7,17 +7,23 @@ every preset on the structure config; prefill and decode+prefill (one analysis p
 import pytest
 import torch
 
-from analyzer.build.builds import ANALYSIS_MODE, PACKAGE_NAME, BuildSpec, run_builds
-from analyzer.build.compress import needs_untie, parse_spec
-from analyzer.build.step import convert_step, trace_step
-from analyzer.build.valuefree import compress_program, to_program, walk_program
+from analyzer.convert.compress import needs_untie, parse_spec
+from analyzer.convert.header_blobs import compress_program, to_program, walk_program
+from analyzer.convert.launch import PACKAGE_NAME, run_builds
+from analyzer.convert.step import convert_step, trace_step
 from analyzer.graph.accounting import account
 from analyzer.graph.compression import compression_report
-from analyzer.graph.mil import read_program
+from analyzer.graph.mil_reader import read_program
 from analyzer.graph.record import function_analysis_files, read_analysis_file
 from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
-from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model, zero_pages
+from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
+from analyzer.model.valuefree import (
+    ZeroPageProducts,
+    assign_value_free_weights_,
+    build_value_free_model,
+    zero_pages,
+)
 
 from .conftest import TINY_CTX, TINY_OVERRIDES, TINY_Q_LEN
 
@@ -52,7 +58,7 @@ def _materialised(source, variant: str, ctx: int, path, plans=()):
     if not plans:
         mlmodel.save(str(path / PACKAGE_NAME))
         return [read_program(path / PACKAGE_NAME)]
-    from analyzer.build.compress import compress_model
+    from analyzer.convert.compress import compress_model
 
     out = []
     for i, plan in enumerate(plans):  # one conversion, compressed once per plan
@@ -71,7 +77,8 @@ def _analysis(source, variant: str, ctx: int, path, plans=()):
         if out:
             for p in model.parameters():  # back to zero pages for the next trace
                 p.data = zero_pages(p.shape)
-        traced = trace_step(step)
+        with ZeroPageProducts(model):  # as analysis mode traces (analyzer.convert.modes.value_free_programs)
+            traced = trace_step(step)
         assign_value_free_weights_(model)
         prog = to_program(traced, step, keep_duplicate_consts=untied)
         if plan is not None:
@@ -151,7 +158,7 @@ def test_equivalence_is_checked_on_a_reduced_materialised_model_and_says_so(anal
 def test_prefill_builds_analyse_identically_per_function(phase, builds_root, tiny_phase_builds):
     """A prefill build and a decode+prefill build (two functions) in analysis mode: one analysis per function,
     each equal to the materialised package's function (the materialised prefill-only build is made here)."""
-    from analyzer.build.builds import run_build
+    from analyzer.convert.launch import run_build
 
     source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
     spec = BuildSpec(source, "repeat_kv", "state", TINY_CTX, phase=phase, q_len=TINY_Q_LEN)

@@ -5,14 +5,14 @@ parameter count made from the config alone, and (QFOLD_FULL=1) the full-size A/B
 import pytest
 import torch
 
-from analyzer.build.step import convert_step, trace_step
-from analyzer.build.valuefree import to_program, walk_program
+from analyzer.convert.header_blobs import to_program, walk_program
+from analyzer.convert.step import convert_step, trace_step
 from analyzer.graph.accounting import account
-from analyzer.graph.mil import read_program
+from analyzer.graph.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.equivalence import check_equivalence
 from analyzer.model.sources import geometry_of, load_config, resolve_source
-from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
+from analyzer.model.valuefree import ZeroPageProducts, assign_value_free_weights_, build_value_free_model
 
 LARGE = ["mistral-7b-v0.3", "llama-3.1-8b", "qwen2.5-7b"]
 NEW = ["llama-3.1-8b", "qwen2.5-7b"]
@@ -71,30 +71,31 @@ def test_new_presets_tile_two_per_layer_of_hq_ctx_d(preset, tmp_path):
     assert counts == {"repeat_kv": 2 * g.num_layers, "qfold": 0}
 
 
-@pytest.mark.parametrize("preset", [*LARGE, "exaone-4.0-1.2b", "qwen3-0.6b", "llama-3.2-1b"])
+@pytest.mark.parametrize("preset", [*LARGE, "llama-3.1-70b", "exaone-4.0-1.2b", "qwen3-0.6b", "llama-3.2-1b"])
 def test_parameter_counts_match_the_models_own(preset):
     """The config-only count against transformers' own model built on the meta device (no memory), and the
-    7-8B models' published sizes (8.03B, 7.25B, 7.62B parameters, their Hugging Face model pages)."""
+    7-8B and 70B models' published sizes (8.03B, 7.25B, 7.62B, 70.6B parameters, their Hugging Face model pages)."""
     from transformers import AutoModelForCausalLM
 
     cfg = load_config(resolve_source(preset))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     assert parameter_count(cfg) == sum(p.numel() for p in model.parameters())
-    published = {"llama-3.1-8b": 8.03e9, "mistral-7b-v0.3": 7.25e9, "qwen2.5-7b": 7.62e9}
+    published = {"llama-3.1-8b": 8.03e9, "mistral-7b-v0.3": 7.25e9, "qwen2.5-7b": 7.62e9, "llama-3.1-70b": 70.6e9}
     if preset in published:
         assert parameter_count(cfg) == pytest.approx(published[preset], rel=0.005)
 
 
 @pytest.mark.conversion
-@pytest.mark.parametrize("preset", LARGE)
+@pytest.mark.parametrize("preset", [*LARGE, "llama-3.1-70b"])
 def test_two_layer_full_width_weights_equal_the_parameter_count(preset, tmp_path):
-    """Value-free (nothing materialised even at full width): the weights bytes per token are the analytic
-    figure, the untied embedding charged for one row, the lm_head for all of it."""
+    """Value-free (nothing materialised even at full width, 8192 wide for the 70B): the weights bytes per token
+    are the analytic figure, the untied embedding charged for one row, the lm_head for all of it."""
     source = resolve_source(preset, ["num_hidden_layers=2"])
     model = build_value_free_model(source)
     step = DecodeStep(model, CTX, "qfold", "state", lazy_cache=True).eval()
-    traced = trace_step(step)
+    with ZeroPageProducts(model):  # as analysis mode traces
+        traced = trace_step(step)
     assign_value_free_weights_(model)
     program = walk_program(to_program(traced, step), tmp_path)
     assert account(program).totals()["weights"] == weight_bytes_per_token(load_config(source))
@@ -106,8 +107,9 @@ def test_two_layer_full_width_weights_equal_the_parameter_count(preset, tmp_path
 def test_full_size_ab_in_analysis_mode(preset, tmp_path):
     """Both variants at ctx 4096 in analysis mode: weights = the parameter count, tiles = 2 per layer of
     Hq·ctx·D·2 bytes for repeat_kv and none for Q-fold (bench/fast.py measures the time and memory)."""
-    from analyzer.build.builds import ANALYSIS_MODE, BuildSpec, run_builds
+    from analyzer.convert.launch import run_builds
     from analyzer.graph.record import load_analysis
+    from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
 
     source = resolve_source(preset)
     cfg = load_config(source)
@@ -126,9 +128,10 @@ def test_full_size_ab_in_analysis_mode(preset, tmp_path):
 def test_full_size_default_ab_in_analysis_mode_equals_the_shipped_analyses(tmp_path):
     """The shipped analyses (materialised, fp32-traced builds) and an analysis-mode A/B of the same spec: every
     byte category, the bytes of every layer and every op count, const and cast included."""
-    from analyzer.build.builds import ANALYSIS_MODE, BuildSpec, run_builds
+    from analyzer.convert.launch import run_builds
     from analyzer.graph.record import load_analysis
     from analyzer.model.sources import DEFAULT_PRESET
+    from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
     from analyzer.report.catalog import load_shipped
 
     source = resolve_source(DEFAULT_PRESET)

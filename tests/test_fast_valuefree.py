@@ -9,11 +9,11 @@ import psutil
 import pytest
 import torch
 
-from analyzer.build.builds import ANALYSIS_MODE, BUILD_MODES, MATERIALISED_MODE, BuildSpec
-from analyzer.build.valuefree import BLOB_DTYPES, HeaderOnlyBlobWriter, _stand_in
+from analyzer.convert.header_blobs import BLOB_DTYPES, HeaderOnlyBlobWriter, _stand_in
 from analyzer.errors import QfoldError
 from analyzer.model.decode import untie_embeddings_
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
+from analyzer.model.spec import ANALYSIS_MODE, BUILD_MODES, MATERIALISED_MODE, BuildSpec
 from analyzer.model.valuefree import (
     assign_value_free_weights_,
     build_value_free_model,
@@ -143,24 +143,128 @@ def test_build_mode_is_part_of_the_key_and_of_the_spec():
 
 
 def test_stored_spec_records_the_mode_and_old_documents_read_as_materialised():
-    from analyzer.graph.buildinfo import StoredSpec
-    from analyzer.graph.jsonfields import Field
+    from analyzer.jsonfields import Field
+    from analyzer.model.spec import BuildSpec
 
     src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
-    stored = BuildSpec(src, "qfold", "state", 256, build_mode=ANALYSIS_MODE).stored()
+    stored = BuildSpec(src, "qfold", "state", 256, build_mode=ANALYSIS_MODE)
     assert stored.build_mode == ANALYSIS_MODE and stored.to_json()["build_mode"] == ANALYSIS_MODE
-    assert StoredSpec.from_json(Field(stored.to_json(), "spec")) == stored
+    assert BuildSpec.from_json(Field(stored.to_json(), "spec")) == stored
     legacy = {k: v for k, v in stored.to_json().items() if k != "build_mode"}  # schema 1 and early schema 2
-    assert StoredSpec.from_json(Field(legacy, "spec")).build_mode == MATERIALISED_MODE
+    assert BuildSpec.from_json(Field(legacy, "spec")).build_mode == MATERIALISED_MODE
     with pytest.raises(QfoldError, match=r"build_mode.*expected one of analysis, materialised, got 'fast'"):
-        StoredSpec.from_json(Field({**legacy, "build_mode": "fast"}, "spec"))
+        BuildSpec.from_json(Field({**legacy, "build_mode": "fast"}, "spec"))
 
 
 def test_a_fold_build_is_never_made_from_value_free_weights(tmp_path):
-    from analyzer.build.fold import build_folded
+    from analyzer.convert.fold import build_folded
     from analyzer.errors import FoldError
 
     src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
     with pytest.raises(FoldError, match="needs weight values"):
         build_folded(BuildSpec(src, "repeat_kv", "state", 256, build_mode=ANALYSIS_MODE), tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------- per tensor, not per element
+def test_torch_equal_of_one_value_broadcasts_reads_one_element():
+    """Inside ``one_value_equal`` torch.equal answers as torch does (equal, unequal, NaN, other shapes, strided
+    and empty tensors), and two 8.6·10^9-element broadcasts compare at once (torch scans every element: ~30 s)."""
+    import time
+
+    from analyzer.convert.step import one_value_equal
+
+    def one(v, shape):
+        return torch.full((), v, dtype=torch.float16).expand(shape)
+
+    dense = torch.arange(6, dtype=torch.float16).reshape(2, 3)
+    cases = [(one(0.5, (4, 5)), one(0.5, (4, 5))), (one(0.5, (4, 5)), one(0.25, (4, 5))),
+             (one(float("nan"), (4, 5)), one(float("nan"), (4, 5))), (one(0.5, (4, 5)), one(0.5, (5, 4))),
+             (dense, dense.clone()), (dense, dense * 2),
+             (one(0.5, (2, 3)), torch.full((2, 3), 0.5, dtype=torch.float16)),
+             (one(0.5, (0, 3)), one(0.25, (0, 3))), (one(0.5, (4, 5)), one(0.5, (4, 5)).float())]
+    expected = [torch.equal(a, b) for a, b in cases]
+    assert expected == [True, False, False, False, True, False, True, True, True]  # torch promotes dtypes
+    huge = one(2.0 ** -7, (1 << 17, 1 << 16))
+    with one_value_equal():
+        assert [torch.equal(a, b) for a, b in cases] == expected
+        t = time.monotonic()
+        assert torch.equal(huge, huge) and not torch.equal(huge, one(2.0 ** -6, huge.shape))
+        assert time.monotonic() - t < 2.0
+    assert torch.equal is not None and torch.equal.__module__ != "analyzer.convert.header_blobs"  # restored
+
+
+def _transposes_program(weight):
+    """x → transpose → relu → transpose back (a pair reduce_transposes cancels) → linear with ``weight``."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 4, 8, weight.shape[1]), dtype=types.fp16)])
+    def prog(x):
+        y = mb.transpose(x=x, perm=[0, 2, 1, 3])
+        y = mb.relu(x=y)
+        y = mb.transpose(x=y, perm=[0, 2, 1, 3])
+        return mb.linear(x=y, weight=weight)
+
+    return prog
+
+
+def test_reduce_transposes_consts_kept_is_coremltools_pass_without_comparing_weights():
+    """``qfold::reduce_transposes_consts_kept`` (step.value_free_pipeline) rewrites as coremltools'
+    ``common::reduce_transposes`` does, op for op; only coremltools' pass compares every weight with itself, in
+    a temporary as large as the weight (traced here by tracemalloc: numpy reports its buffers to it)."""
+    import copy
+    import tracemalloc
+
+    import coremltools as ct
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+
+    from analyzer.convert.step import VALUE_FREE_TRANSPOSES, value_free_pipeline
+
+    pipeline = value_free_pipeline(ct.PassPipeline.DEFAULT)
+    assert VALUE_FREE_TRANSPOSES in pipeline.passes and "common::reduce_transposes" not in pipeline.passes
+    weight = np.broadcast_to(np.float16(2.0 ** -7), (1 << 13, 1 << 13))  # 64 Mi elements, 2 bytes stored
+    prog = _transposes_program(weight)
+    peaks, ops = {}, {}
+    for name in ("common::reduce_transposes", VALUE_FREE_TRANSPOSES):
+        p = copy.deepcopy(prog)
+        tracemalloc.start()
+        PASS_REGISTRY[name](p)
+        peaks[name] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        ops[name] = [(op.op_type, tuple(o.shape for o in op.outputs)) for op in p.functions["main"].operations]
+        assert p.find_ops(op_type="const")[-1].outputs[0].val is not None
+    assert ops["common::reduce_transposes"] == ops[VALUE_FREE_TRANSPOSES]
+    assert [t for t, _ in ops[VALUE_FREE_TRANSPOSES]].count("transpose") == 0  # the pair was cancelled
+    assert peaks["common::reduce_transposes"] >= weight.size  # a bool per element
+    assert peaks[VALUE_FREE_TRANSPOSES] < weight.size // 16
+
+
+def test_a_trace_over_zero_pages_skips_the_products_and_records_the_same_graph():
+    """``ZeroPageProducts``: every projection and the lm_head (2 layers × 7 + 1 products) and the attention
+    products (2 per layer) answered without multiplying, and the traced graph identical op for op, tensor types
+    and strides included, to a trace that multiplies (names of torch's mangled classes aside)."""
+    import re
+
+    from analyzer.convert.modes import make_step
+    from analyzer.convert.step import trace_step
+    from analyzer.model.valuefree import ZeroPageProducts
+
+    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    layers = load_config(source).num_hidden_layers
+    for variant in ("repeat_kv", "qfold"):
+        spec = BuildSpec(source, variant, "state", 64, build_mode=ANALYSIS_MODE)
+        graphs, hits = [], []
+        for skip in (False, True):
+            model = build_value_free_model(source)
+            step = make_step(model, spec, "decode", lazy_cache=True)
+            mode = ZeroPageProducts(model)
+            if skip:
+                with mode:
+                    traced = trace_step(step)
+            else:
+                traced = trace_step(step)
+            hits.append((mode.weight_hits, mode.activation_hits))
+            graphs.append(re.sub(r"\.?___torch_mangle_\d+", "", str(traced.inlined_graph)))
+        assert hits == [(0, 0), (7 * layers + 1, 2 * layers)], variant
+        assert graphs[0] == graphs[1] and graphs[0].count("aten::linear") == 7 * layers + 1, variant

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, fixed_assumption
+from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE, fixed_assumption
 from analyzer.device.crosscheck import crosscheck
 from analyzer.device.logs import BuildDeviceSummary
 from analyzer.fmt import MB, MIB

@@ -10,7 +10,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
 from analyzer.graph.flops import FLOP_CATEGORIES, FLOP_RULES, count_flops
-from analyzer.graph.mil import read_program
+from analyzer.graph.mil_reader import read_program
 from analyzer.graph.phase import call_shape
 from analyzer.graph.record import read_analysis_file
 from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
@@ -117,9 +117,10 @@ def test_per_token_divides_by_the_tokens_of_a_call(block):
         count_flops(block, 0)
 
 
-def test_call_shape_of_a_foreign_program_comes_from_its_token_input(block):
-    assert call_shape(block).tokens_per_call == 1  # no integer token input: one token assumed, and said so
-    assert "assumed" in call_shape(block).how
+def test_call_shape_of_a_foreign_program_comes_from_its_inputs(block):
+    """No token ids: a hidden-state input [1, N, H] is N tokens per call (a prefill chunk), and says so."""
+    call = call_shape(block)
+    assert (call.phase, call.tokens_per_call) == ("prefill", N) and "hidden states" in call.how
 
 
 def test_an_op_without_a_rule_is_listed_not_silently_zero(block):

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from analyzer.build.equivalence import torch_check
+from analyzer.convert.checks import torch_check
 from analyzer.graph.buildinfo import CHECK_KINDS, EquivalenceCheck
-from analyzer.graph.jsonfields import Field
+from analyzer.jsonfields import Field
 from analyzer.report import headline
 from tests.synthetic import build_info, decode_analysis
 

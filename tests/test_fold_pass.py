@@ -20,9 +20,9 @@ from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.testing_utils import apply_pass_and_basic_check
 
-from analyzer.graph.interpret import load_program
+from analyzer.graph.interpret import load_interpreter
 from analyzer.graph.passes.gqa_fold import PASS_NAME, fold_gqa_replication
-from analyzer.graph.passes.gqa_pattern import head_mapping
+from analyzer.graph.replication import HeadMap, head_mapping
 
 IOS18 = ct.target.iOS18
 FP16 = types.fp16
@@ -166,8 +166,8 @@ def save(prog, path) -> str:
 def assert_same_numbers(before, after, tmp_path, steps: int = 1, seed: int = 0) -> float:
     """Run both programs in the interpreter on the same seeded inputs (states carried over ``steps``);
     returns the largest |Δ| relative to the largest |output| and asserts it is fp16-small."""
-    a = load_program(save(before, tmp_path / "before.mlpackage"))
-    b = load_program(save(after, tmp_path / "after.mlpackage"))
+    a = load_interpreter(save(before, tmp_path / "before.mlpackage"))
+    b = load_interpreter(save(after, tmp_path / "after.mlpackage"))
     rng = np.random.default_rng(seed)
     states_a = states_b = None
     worst = 0.0
@@ -298,8 +298,8 @@ def test_tile_feeding_something_else_and_along_the_sequence_axis():
         summed = mb.reduce_sum(x=repeat_kv(v, 4), axes=[2])  # a replica feeding a reduction, not attention
         doubled = mb.tile(x=k, reps=[1, 1, 2, 1])  # [1, 2, 2S, D]: along the sequence axis
         scores = mb.matmul(x=mb.reshape(x=q, shape=[1, 2, 4, D]), y=doubled, transpose_y=True)
-        rope = mb.mul(x=q, y=mb.tile(x=mb.reshape(x=summed, shape=[1, 8, 1, D]), reps=[1, 1, 1, 1]))
-        return summed, scores, rope
+        same = mb.tile(x=mb.reshape(x=summed, shape=[1, 8, 1, D]), reps=[1, 1, 1, 1])  # copies nothing
+        return summed, scores, mb.matmul(x=q, y=same, transpose_y=True)
 
     _, block, decisions = run_fold(prog)
     assert not any(d.folded for d in decisions)
@@ -329,7 +329,7 @@ def test_rope_table_tiled_over_heads_is_not_attention():
         return mb.mul(x=q, y=mb.tile(x=cos, reps=[1, 8, 1, 1]))
 
     _, _, decisions = run_fold(prog)
-    assert not decisions[0].folded and "not part of an attention" in decisions[0].reason
+    assert not decisions[0].folded and "no attention weight" in decisions[0].reason and not decisions[0].replication
 
 
 def test_nothing_to_fold_leaves_the_program_unchanged():
@@ -346,17 +346,20 @@ def test_nothing_to_fold_leaves_the_program_unchanged():
 # ------------------------------------------------------------------------------------------------ mapping
 def test_head_mapping_reads_the_chain_not_names():
     src = np.arange(2 * 3 * 4).reshape(1, 2, 3, 4)
-    assert head_mapping(np.repeat(src, 3, axis=1), src.size) == (2, (0, 0, 0, 1, 1, 1))
-    assert head_mapping(np.tile(src, (1, 3, 1, 1)), src.size) == (2, (0, 1, 0, 1, 0, 1))
-    assert "head axis" in head_mapping(np.tile(src, (1, 1, 2, 1)), src.size).reason
-    assert "copies nothing" in head_mapping(src, src.size).reason
+    assert head_mapping(np.repeat(src, 3, axis=1), src.size) == HeadMap(2, (0, 0, 0, 1, 1, 1))
+    assert head_mapping(np.tile(src, (1, 3, 1, 1)), src.size) == HeadMap(2, (0, 1, 0, 1, 0, 1))
+    # K read as Kᵀ: every head [D, S] of an [S, D] source
+    assert head_mapping(np.repeat(src, 3, axis=1).swapaxes(-1, -2), src.size) == HeadMap(2, (0, 0, 0, 1, 1, 1), True)
+    assert "head axis" in head_mapping(np.tile(src, (1, 1, 2, 1)), src.size)
+    assert "copies nothing" in head_mapping(src, src.size)
     uneven = np.concatenate([src[:, [0, 0, 0]], src[:, [1]]], axis=1)
-    assert "equal groups" in head_mapping(uneven, src.size).reason
+    assert "equal groups" in head_mapping(uneven, src.size)
 
 
-def test_foreign_package_without_roles_is_folded_but_not_claimed_equal(tmp_path):
-    """A package whose inputs are not a decode step's (no token ids): folded, weights checked, and the proof
-    says "not checked" instead of claiming anything."""
+def test_foreign_package_without_roles_is_folded_and_proved_on_drawn_inputs(tmp_path):
+    """A package whose inputs are not a decode step's (no token ids, no input spec): folded, weights checked, and
+    the proof runs anyway on inputs drawn within what each can hold (equality holds for any inputs), each draw
+    stated."""
     from analyzer.graph.passes.package import fold_package
     from analyzer.graph.passes.proof import prove_fold
 
@@ -364,4 +367,67 @@ def test_foreign_package_without_roles_is_folded_but_not_claimed_equal(tmp_path)
     report = fold_package(src, tmp_path / "folded.mlpackage")
     assert report.tiles_folded == 2 and report.functions[0].kv_replication_tiles_after == 0
     proof = prove_fold(src, tmp_path / "folded.mlpackage")
-    assert not proof.checked and "input spec" in proof.reason and proof.headline().startswith("not checked")
+    assert proof.checked and proof.roles.startswith("random draws") and len(proof.draws) == 4
+    assert proof.within_tolerance and "N(0, 1)" in proof.draws[0]
+
+
+# ------------------------------------------------------------------------------------------------ K read as Kᵀ, SDPA
+def test_chain_ending_in_separate_transposes_folds(tmp_path):
+    """repeat_interleave (its last op a transpose) and then Kᵀ as a transpose of its own, not merged by the
+    converter: matmul(q, Kᵀ) with no transpose flag. The fold reads K as stored, through transpose_y."""
+    @mb.program(input_specs=[mb.TensorSpec((1, 8, 1, D), FP16), mb.TensorSpec((1, 2, S, D), FP16),
+                             mb.TensorSpec((1, 2, S, D), FP16), mb.TensorSpec((1, 1, 1, S), FP16)],
+                opset_version=IOS18)
+    def prog(q, k, v, mask):
+        kt = mb.transpose(x=repeat_interleave(k, 4), perm=[0, 1, 3, 2])  # [1, Hq, D, S]
+        s = mb.add(x=mb.mul(x=mb.matmul(x=q, y=kt), y=np.float16(D ** -0.5)), y=mask)
+        o = mb.matmul(x=mb.softmax(x=s, axis=-1), y=repeat_interleave(v, 4))
+        return mb.reshape(x=mb.transpose(x=o, perm=[0, 2, 1, 3]), shape=[1, 1, 8 * D])
+
+    prev, block, decisions = run_fold(prog)
+    assert [d.folded for d in decisions] == [True, True] and {d.mapping for d in decisions} == {"h // G"}
+    assert op_types(block)["tile"] == 0 and max_rank(block) <= 4
+    scores = next(op for op in block.operations if op.op_type == "matmul" and op.y.name == "k")
+    assert scores.transpose_y.val and not scores.transpose_x.val  # K as stored, read transposed
+    assert_same_numbers(prev, prog, tmp_path)
+
+
+def sdpa_program(style: str, m: int, mask: tuple | None, hq: int = 8, hkv: int = 2):
+    """The iOS 18 fused attention over replicated K/V at fixed shapes, its mask ``mask`` (None: no mask)."""
+    replicate, g = STYLES[style], hq // hkv
+    qkv = [mb.TensorSpec((1, hq, m, D), FP16), mb.TensorSpec((1, hkv, S, D), FP16), mb.TensorSpec((1, hkv, S, D), FP16)]
+
+    def attend(q, k, v, **mask_arg):
+        o = mb.scaled_dot_product_attention(query=q, key=replicate(k, g), value=replicate(v, g), **mask_arg)
+        return mb.reshape(x=mb.transpose(x=o, perm=[0, 2, 1, 3]), shape=[1, m, hq * D])
+
+    if mask is None:
+        return mb.program(input_specs=qkv, opset_version=IOS18)(lambda q, k, v: attend(q, k, v))
+
+    @mb.program(input_specs=[*qkv, mb.TensorSpec(mask, FP16)], opset_version=IOS18)
+    def prog(q, k, v, mask):
+        return attend(q, k, v, attn_mask=mask)
+
+    return prog
+
+
+SDPA_CASES = [  # every mask kind with 3 query rows; decode; the h % Hkv mapping (Q's heads regrouped) with each
+    *(("repeat_kv", 3, mask) for mask in ("none", "broadcast", "per row", "per head")),
+    ("repeat_kv", 1, "broadcast"), ("repeat", 1, "per head"), ("repeat", 3, "per head"), ("repeat", 3, "per row")]
+
+
+@pytest.mark.parametrize("style, m, mask", SDPA_CASES)
+def test_fused_sdpa_at_fixed_shapes_folds_with_its_mask_aligned(style, m, mask, tmp_path):
+    """Q folded to [1, Hkv, G·M, D], K and V read as stored; a mask broadcast over the rows kept, one per row
+    tiled over the group, one per head folded like Q; never above rank 4; same numbers."""
+    shape = {"none": None, "broadcast": (1, 1, 1, S), "per row": (1, 1, m, S), "per head": (1, 8, m, S)}[mask]
+    prog = sdpa_program(style, m, shape)
+    prev, block, decisions = run_fold(prog)
+    assert [d.folded for d in decisions] == [True, True], [d.reason for d in decisions]
+    (sdpa,) = [op for op in block.operations if op.op_type == "scaled_dot_product_attention"]
+    assert (sdpa.key.name, sdpa.value.name) == ("k", "v")
+    assert tuple(sdpa.query.shape) == (1, 2, 4 * m, D)
+    if shape is not None:
+        assert tuple(sdpa.attn_mask.shape)[-2] in (1, 4 * m) and sdpa.attn_mask.rank <= 4
+    assert op_types(block)["tile"] == (1 if mask == "per row" and m > 1 else 0) and max_rank(block) <= 4
+    assert_same_numbers(prev, prog, tmp_path)

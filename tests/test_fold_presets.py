@@ -13,16 +13,17 @@ import json
 
 import pytest
 
-from analyzer.build.builds import BuildSpec
-from analyzer.build.convert import convert_step
-from analyzer.build.fold import FOLD_FILE, FOLD_VARIANT, build_folded, fold_cached
+from analyzer.convert.child import convert_step
+from analyzer.convert.fold import build_folded, fold_cached
+from analyzer.convert.fold_cache import FOLD_FILE
 from analyzer.graph.accounting import account
-from analyzer.graph.mil import read_program
+from analyzer.graph.mil_reader import read_program
 from analyzer.graph.passes.package import fold_package
 from analyzer.graph.passes.proof import prove_fold
 from analyzer.graph.record import load_analysis
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
+from analyzer.model.spec import FOLD_VARIANT, BuildSpec
 from tests.conftest import TINY_CTX, TINY_OVERRIDES
 
 PRESETS = ["exaone-4.0-1.2b", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b-v0.3", "gemma-3-1b"]

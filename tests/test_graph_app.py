@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, predicted_tok_per_s
+from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE, predicted_tok_per_s
 from analyzer.graph.record import load_analysis
 from analyzer.report.catalog import SHIPPED_DIR, shipped_analyses
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.cli import main
-from analyzer.graph.mil import MilProgram, find_package, read_program
+from analyzer.graph.mil_reader import MilProgram, find_package, read_program
 from analyzer.graph.record import load_analysis
 from analyzer.graph.structdiff import home_layers, is_const_like, structural_diff
 from analyzer.report import graphview as gv

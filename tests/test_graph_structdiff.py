@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from analyzer.graph.mil import MilProgram
+from analyzer.graph.mil_reader import MilProgram
 from analyzer.graph.record import load_analysis
 from analyzer.graph.structdiff import home_layers, is_const_like, structural_diff
 from analyzer.report.catalog import SHIPPED_DIR

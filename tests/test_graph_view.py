@@ -12,7 +12,7 @@ import pytest
 
 from analyzer.errors import QfoldError
 from analyzer.graph.accounting import account
-from analyzer.graph.mil import MilProgram
+from analyzer.graph.mil_reader import MilProgram
 from analyzer.graph.record import load_analysis
 from analyzer.graph.structdiff import home_layers, is_const_like, structural_diff
 from analyzer.report import graphview as gv

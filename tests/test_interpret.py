@@ -16,7 +16,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
 from analyzer.errors import InterpretError, MilError, UnknownOpError
-from analyzer.graph.interpret import load_program, supported_op_types
+from analyzer.graph.interpret import load_interpreter, supported_op_types
 from analyzer.graph.interpret.values import unpack_bits
 
 RNG = np.random.default_rng(7)
@@ -86,7 +86,7 @@ def elementwise_outputs(tmp_path_factory):
                                                                 name="to_int32"),
         )
 
-    interp = load_program(_save(prog, tmp_path_factory.mktemp("elementwise") / "e.mlpackage"))
+    interp = load_interpreter(_save(prog, tmp_path_factory.mktemp("elementwise") / "e.mlpackage"))
     return interp.run({"x": X, "y": Y, "p": P}).outputs
 
 
@@ -153,7 +153,7 @@ def tensor_outputs(tmp_path_factory):
             *mb.topk(x=t, k=2, axis=-1, name="topk"),
         )
 
-    interp = load_program(_save(prog, tmp_path_factory.mktemp("tensor") / "t.mlpackage"))
+    interp = load_interpreter(_save(prog, tmp_path_factory.mktemp("tensor") / "t.mlpackage"))
     return interp.run({"t": T, "idx": IDX}).outputs
 
 
@@ -238,7 +238,7 @@ def product_outputs(tmp_path_factory):
             mb.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=M.astype(np.float16), name="sdpa"),
         )
 
-    interp = load_program(_save(prog, tmp_path_factory.mktemp("products") / "p.mlpackage"))
+    interp = load_interpreter(_save(prog, tmp_path_factory.mktemp("products") / "p.mlpackage"))
     return interp.run({"a": A, "b": B, "e": E, "cx": CX, "q": Q, "k": K, "v": V}).outputs
 
 
@@ -291,7 +291,7 @@ def reduce_outputs(tmp_path_factory):
             mb.l2_norm(x=r, epsilon=np.float16(1e-6), name="l2_norm"),
         )
 
-    interp = load_program(_save(prog, tmp_path_factory.mktemp("reduce") / "r.mlpackage"))
+    interp = load_interpreter(_save(prog, tmp_path_factory.mktemp("reduce") / "r.mlpackage"))
     return interp.run({"r": R}).outputs
 
 
@@ -330,7 +330,7 @@ def cache_package(tmp_path_factory):
 
 
 def test_states_start_at_zero_and_carry_between_runs(cache_package):
-    interp = load_program(cache_package)
+    interp = load_interpreter(cache_package)
     assert [s.name for s in interp.states] == ["k_cache_0"] and [t.name for t in interp.inputs] == ["new_k", "pos"]
     rows = [_f16(1, 2, 1, 4) for _ in range(3)]
     states, want = None, np.zeros((1, 2, 8, 4), np.float16)
@@ -380,7 +380,7 @@ def test_constexpr_ops_decompress_as_coremltools_does(tmp_path):
     expected = {op.outputs[0].name: op.materialized_val_inference()
                 for op in prog.functions["main"].operations if op.op_type.startswith("constexpr_")}
     adds = {op.name: op.y.op.outputs[0].name for op in prog.functions["main"].operations if op.op_type == "add"}
-    interp = load_program(_save(prog, tmp_path / "c.mlpackage"))
+    interp = load_interpreter(_save(prog, tmp_path / "c.mlpackage"))
     x = _f16(6, 8)
     out = interp.run({"x": x}).outputs
     for add_name, constexpr_name in adds.items():
@@ -410,7 +410,7 @@ def test_ios16_constexpr_forms(tmp_path):
 
     expected = {op.op_type: op.materialized_val_inference() for op in prog.functions["main"].operations
                 if op.op_type.startswith("constexpr_")}
-    interp = load_program(_save(prog, tmp_path / "c16.mlpackage", ct.target.iOS16))
+    interp = load_interpreter(_save(prog, tmp_path / "c16.mlpackage", ct.target.iOS16))
     x = np.zeros((6, 8), np.float16)
     out = interp.run({"x": x}).outputs
     assert np.array_equal(out["lut16"], lut[idx].reshape(6, 8))
@@ -469,7 +469,7 @@ def test_optimize_coreml_packages_run_as_their_decompressed_twins(tiny_mlp, comp
         compressed = optimize(compressed, config(op_config), **kwargs)
     compressed.save(str(tmp_path / "c.mlpackage"))
     cto.decompress_weights(compressed).save(str(tmp_path / "d.mlpackage"))
-    c, d = load_program(tmp_path / "c.mlpackage"), load_program(tmp_path / "d.mlpackage")
+    c, d = load_interpreter(tmp_path / "c.mlpackage"), load_interpreter(tmp_path / "d.mlpackage")
     assert any(t.startswith("constexpr_") for t in c.op_types()) and not any(
         t.startswith("constexpr_") for t in d.op_types())
     x = {"x": _f16(1, 64)}
@@ -485,11 +485,11 @@ def test_unknown_op_is_an_error_naming_type_and_op(tmp_path):
 
     assert "upsample_nearest_neighbor" not in supported_op_types()
     with pytest.raises(UnknownOpError, match=r"'my_upsample' has type 'upsample_nearest_neighbor'"):
-        load_program(_save(prog, tmp_path / "u.mlpackage"))
+        load_interpreter(_save(prog, tmp_path / "u.mlpackage"))
 
 
 def test_bad_inputs_are_one_line_errors_naming_the_input(cache_package):
-    interp = load_program(cache_package)
+    interp = load_interpreter(cache_package)
     ok = {"new_k": np.zeros((1, 2, 1, 4)), "pos": np.array([0])}
     with pytest.raises(InterpretError, match=r"input 'pos' \(int32 \[1\]\) is missing"):
         interp.run({"new_k": ok["new_k"]})
@@ -507,11 +507,11 @@ def test_bad_inputs_are_one_line_errors_naming_the_input(cache_package):
 
 def test_not_a_package_is_a_mil_error(tmp_path):
     with pytest.raises(MilError, match=r"not an \.mlpackage"):
-        load_program(tmp_path)
+        load_interpreter(tmp_path)
     broken = tmp_path / "broken.mlpackage"
     broken.mkdir()
     with pytest.raises(MilError):
-        load_program(broken)
+        load_interpreter(broken)
 
 
 def test_multifunction_package_runs_the_named_function(tmp_path):
@@ -529,16 +529,16 @@ def test_multifunction_package_runs_the_named_function(tmp_path):
     ct.utils.save_multifunction(desc, str(tmp_path / "multi.mlpackage"))
     x = _f16(2, 3)
     for name, scale in (("double", 2), ("triple", 3)):
-        interp = load_program(tmp_path / "multi.mlpackage", function=name)
+        interp = load_interpreter(tmp_path / "multi.mlpackage", function=name)
         assert interp.function == name
         assert np.array_equal(interp.run({"x": x}).outputs["y"], (x * np.float16(scale)))
     with pytest.raises(MilError, match="no function 'quadruple'"):
-        load_program(tmp_path / "multi.mlpackage", function="quadruple")
+        load_interpreter(tmp_path / "multi.mlpackage", function="quadruple")
 
 
 def test_blob_data_is_memory_mapped_and_exact(tmp_path):
-    """``Blobs.data`` (analyzer.graph.mil) returns the stored bytes of a weight as a read-only memory map."""
-    from analyzer.graph.mil import Blobs, load_function
+    """``Blobs.data`` (analyzer.graph.mil_reader) returns the stored bytes of a weight as a read-only memory map."""
+    from analyzer.graph.mil_reader import Blobs, load_function
 
     weight = (RNG.standard_normal((40, 30)) * 3).astype(np.float16)
 
@@ -553,7 +553,7 @@ def test_blob_data_is_memory_mapped_and_exact(tmp_path):
     raw = Blobs(loaded.weights_dir).data(blob.fileName, blob.offset)
     assert isinstance(raw, np.memmap) and not raw.flags.writeable
     assert np.array_equal(raw.view(np.float16).reshape(40, 30), weight)
-    interp = load_program(tmp_path / "w.mlpackage")
+    interp = load_interpreter(tmp_path / "w.mlpackage")
     assert np.array_equal(interp.constant(const.outputs[0].name), weight)
 
 
@@ -577,7 +577,7 @@ def test_fp32_programs_compute_in_fp32(tmp_path):
     def prog(x):
         return mb.softmax(x=mb.linear(x=x, weight=w), axis=-1, name="p")
 
-    got = load_program(_save(prog, tmp_path / "f32.mlpackage")).run({"x": x}).outputs["p"]
+    got = load_interpreter(_save(prog, tmp_path / "f32.mlpackage")).run({"x": x}).outputs["p"]
     logits = x.astype(np.float64) @ w.astype(np.float64).T
     want = np.exp(logits - logits.max(-1, keepdims=True))
     assert got.dtype == np.float32
@@ -594,6 +594,6 @@ def test_activation_quantize_dequantize(tmp_path):
         q = mb.quantize(input=x, scale=scale, zero_point=np.int8(3), output_dtype="int8", name="q")
         return mb.dequantize(input=q, scale=scale, zero_point=np.int8(3), name="dq")
 
-    out = load_program(_save(prog, tmp_path / "q.mlpackage")).run({"x": x}).outputs["dq"]
+    out = load_interpreter(_save(prog, tmp_path / "q.mlpackage")).run({"x": x}).outputs["dq"]
     q = np.clip(np.round(x.astype(np.float32) / np.float32(scale)) + 3, -128, 127)
     _close(out, np.float32(scale) * (q - 3))

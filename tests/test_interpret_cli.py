@@ -16,7 +16,8 @@ from coremltools.converters.mil.mil import types
 
 from analyzer.cli import main
 from analyzer.errors import InterpretError
-from analyzer.graph.interpret import decode_steps, infer_roles, load_program, load_roles, roles_from_json
+from analyzer.graph.interpret import decode_steps, infer_roles, load_interpreter, load_roles, roles_from_json
+from tests.shipped_styles import HKV, PREFILL, PREFILL_S, L, S
 
 REPO = Path(__file__).resolve().parent.parent
 SLOTS, DIM, VOCAB = 8, 4, 16
@@ -73,14 +74,14 @@ def _reference(tokens: np.ndarray, temperature: float) -> list[np.ndarray]:
 
 
 def test_foreign_names_need_a_spec(foreign):
-    interp = load_program(foreign)
+    interp = load_interpreter(foreign)
     assert infer_roles(interp) is None
     with pytest.raises(InterpretError, match=r"cannot tell which inputs are token ids.*give an input spec"):
         decode_steps(interp, 2)
 
 
 def test_decode_steps_with_a_spec_matches_the_reference(foreign):
-    interp = load_program(foreign)
+    interp = load_interpreter(foreign)
     run = decode_steps(interp, 4, roles_from_json(SPEC), seed=1)
     assert run.tokens.shape == (4, 1) and run.tokens.max() < VOCAB
     assert set(run.random_inputs) == {"temperature"}  # named by no role: seeded random, the same every step
@@ -95,7 +96,7 @@ def test_decode_steps_with_a_spec_matches_the_reference(foreign):
 
 def test_several_tokens_per_step(tmp_path):
     """q_len 2 (prefill-style chunks): positions advance by 2 and mask row r of a step sees its own slot."""
-    interp = load_program(_build_foreign(tmp_path / "q2.mlpackage", 2))
+    interp = load_interpreter(_build_foreign(tmp_path / "q2.mlpackage", 2))
     run = decode_steps(interp, 3, roles_from_json(SPEC), seed=2)
     assert run.tokens.shape == (3, 2)
     temperature = float(run.random_inputs["temperature"][0])
@@ -106,7 +107,9 @@ def test_several_tokens_per_step(tmp_path):
 
 @pytest.mark.parametrize(("doc", "message"), [
     ({"token_ids": "tok", "temperature": 1}, "unknown field 'temperature'"),
-    ({"position": "where"}, "'token_ids' must name the token-id input"),
+    ({"token_ids": 3}, "'token_ids' must name an input"),
+    ({"token_ids": "tok", "position": [1]}, "'position' must name an input or list input names"),
+    ({"token_ids": "tok", "vocab_size": 0}, "'vocab_size' must be a positive integer"),
     ({"token_ids": "tok", "kv_inputs": [{"input": "x"}]}, r"kv_inputs\[0\] must be an object"),
     ([1, 2], "expected a JSON object"),
 ])
@@ -117,7 +120,7 @@ def test_bad_input_specs(doc, message):
 
 def test_spec_naming_a_missing_input(foreign):
     with pytest.raises(InterpretError, match="causal_mask names 'mask', not an input"):
-        decode_steps(load_program(foreign), 1, roles_from_json({**SPEC, "causal_mask": "mask"}))
+        decode_steps(load_interpreter(foreign), 1, roles_from_json({**SPEC, "causal_mask": "mask"}))
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -206,3 +209,33 @@ def test_run_on_a_bad_package_exits_nonzero_without_traceback(tmp_path):
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 or all(
         line.startswith(("Failed to load", "Torch version", "error: ")) for line in proc.stderr.strip().splitlines())
+
+
+# ------------------------------------------------------------------------------------------------- spec fields
+def test_run_steps_with_an_update_mask_several_positions_and_no_token_ids(shipped_styles, tmp_path, capsys):
+    """The input spec's newer fields on the converters' own inputs (tests/shipped_styles.py): CoreML-LLM's
+    ``update_mask`` one-hot at each step's slot (its masked write K·(1−m) + k·m then writes that slot only), and
+    ANEMLL's prefill chunk: no token ids (hidden states in), two position inputs (``position_ids [64]`` from p,
+    ``current_pos [1]`` = p)."""
+    llm, anemll = shipped_styles["coreml_llm"][0], shipped_styles["anemll_prefill"][0]
+    spec = tmp_path / "llm.json"
+    spec.write_text(json.dumps({"token_ids": "input_ids", "position": ["position_ids"], "causal_mask": "causal_mask",
+                                "update_mask": "update_mask"}))
+    assert main(["run", str(llm), "--steps", "5", "--input-spec", str(spec), "--out", str(tmp_path / "a.npz")]) == 0
+    with np.load(tmp_path / "a.npz") as got:
+        cache = got["kv_cache_0"]  # [2L, Hkv, S, D], zeros before the first step
+        assert cache.shape[:3] == (2 * L, HKV, S) and got["tokens"].shape == (5, 1)
+        assert (np.abs(cache[:, :, :5]).max(axis=-1) > 0).all()  # every step wrote its slot, in every layer
+        assert not cache[:, :, 5:].any()  # slots the update mask never named stay zero
+
+    spec = tmp_path / "anemll.json"
+    spec.write_text(json.dumps({"position": ["position_ids", "current_pos"], "causal_mask": "causal_mask"}))
+    assert main(["run", str(anemll), "--steps", "1", "--input-spec", str(spec), "--out", str(tmp_path / "b.npz")]) == 0
+    with np.load(tmp_path / "b.npz") as got:
+        cache = got["model_model_kv_cache_0"]
+        assert cache.shape[2] == PREFILL_S and got["tokens"].size == 0  # no token ids: none drawn
+        assert (np.abs(cache[:, :, :PREFILL]).max(axis=-1) > 0).all() and not cache[:, :, PREFILL:].any()
+    capsys.readouterr()
+    assert main(["run", str(anemll), "--steps", "2", "--input-spec", str(spec), "--out", str(tmp_path / "c.npz")]) == 1
+    err = capsys.readouterr().err  # 2 chunks of 64 rows do not fit 80 slots: refused before anything runs
+    assert err.strip() == "error: --steps 2: positions 0 to 127 do not fit the cache's 80 slots"

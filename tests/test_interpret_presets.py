@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from analyzer.build.convert import convert_step
-from analyzer.graph.interpret import decode_steps, infer_roles, load_program
-from analyzer.graph.interpret.decode import InputRoles
+from analyzer.convert.child import convert_step
+from analyzer.graph.interpret import decode_steps, infer_roles, load_interpreter
+from analyzer.graph.interpret.roles import InputRoles
 from analyzer.model.decode import DecodeStep, build_model, run_decode
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from tests.conftest import TINY_CTX, TINY_OVERRIDES
@@ -59,7 +59,7 @@ def preset_build(request, tmp_path_factory):
 @pytest.mark.conversion
 def test_interpreter_agrees_with_torch(preset_build):
     preset, path, tokens, reference = preset_build
-    interp = load_program(path)
+    interp = load_interpreter(path)
     roles = infer_roles(interp)
     assert roles is not None and roles.token_ids == "input_ids" and not roles.kv_inputs  # KV as state
     run = decode_steps(interp, STEPS, tokens=tokens)
@@ -74,7 +74,7 @@ def test_interpreter_agrees_with_torch(preset_build):
 def test_a_wrong_mask_is_caught(preset_build):
     """Hiding each token's own slot (the mask of the KV-as-inputs layout) must fail the tolerance."""
     preset, path, tokens, reference = preset_build
-    interp = load_program(path)
+    interp = load_interpreter(path)
     wrong = InputRoles("input_ids", "current_pos", "causal_mask", mask_includes_current=False)
     assert _rel_diff(_logits(decode_steps(interp, STEPS, wrong, tokens=tokens)), reference) > REL_TOL, preset
 
@@ -84,7 +84,7 @@ def test_kv_as_inputs_is_driven_through_the_host_cache(tmp_path_factory):
     """KV as inputs: the driver writes ``new_k[i]`` / ``new_v[i]`` into ``k_cache_i`` / ``v_cache_i`` at each
     position, as the torch decode's host does."""
     path, tokens, reference = _converted(tmp_path_factory, "qwen3-0.6b", "input")
-    interp = load_program(path)
+    interp = load_interpreter(path)
     roles = infer_roles(interp)
     assert roles is not None and not roles.mask_includes_current and len(roles.kv_inputs) == 4
     assert {(k.input, k.output, k.index) for k in roles.kv_inputs} >= {("k_cache_1", "new_k", 1)}
@@ -100,5 +100,5 @@ def test_both_variants_of_the_shared_tiny_build(tiny_builds, variant):
     tokens = np.random.default_rng(5).integers(0, 1000, STEPS).tolist()
     source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
     reference = _torch_fp16(source, "state", variant, TINY_CTX, tokens)
-    run = decode_steps(load_program(tiny_builds[variant]), STEPS, tokens=tokens)
+    run = decode_steps(load_interpreter(tiny_builds[variant]), STEPS, tokens=tokens)
     assert _rel_diff(_logits(run), reference) <= REL_TOL

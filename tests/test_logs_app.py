@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.test_app import open_page, texts
+from tests.test_app import open_page, plain, texts
 
 REPO = Path(__file__).resolve().parent.parent
 README_TABLE = (REPO / "examples" / "llama_bench_readme.md").read_text(encoding="utf-8")
@@ -58,5 +58,15 @@ def test_the_label_fields_name_the_device_and_build_of_runner_output(tiny_builds
     frame = accepted_frame(at)
     assert set(frame["device"]) == {"MacBook Pro M3 Max"} and set(frame["build"]) == {"qwen2.5-0.5b-4bit"}
     assert not any("stands in" in w for w in texts(at.warning))
-    labels = [s.label for s in at.selectbox]
+    labels = [plain(s.label) for s in at.selectbox]
     assert "qwen2.5-0.5b-4bit" in labels  # the label can be mapped to an analysis
+
+
+def test_a_pasted_placement_plan_goes_to_the_ab_page_not_the_log_importer(tiny_builds):
+    report = (REPO / "tests" / "data" / "placement" / "anemll_profile_report.txt").read_text(encoding="utf-8")
+    at = paste(open_page(PAGE), report)
+    assert at.session_state["logs_plans"] == [("pasted text 1", report.encode())]
+    assert not at.session_state["logs_files"]  # the example log stays on
+    plans = next(d.value for d in at.dataframe if "ops" in d.value.columns and "functions" in d.value.columns)
+    assert plans.to_dict("records") == [{"file": "pasted text 1", "format": "anemll-profile", "accepted": True,
+                                         "ops": 4, "functions": "", "errors": 0, "warnings": 0}]

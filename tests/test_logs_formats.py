@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.device.bandwidth import inferred_bytes_per_token, predicted_tok_per_s
+from analyzer.device.bandwidth_model import inferred_bytes_per_token, predicted_tok_per_s
 from analyzer.device.fit import FitPoint, fit_bandwidth
 from analyzer.device.logs import FORMATS, parse_log, parse_logs, summarize
 from analyzer.fmt import to_csv
@@ -61,6 +61,9 @@ FIXTURES: dict[str, tuple[str, list[tuple[int, str, float, int | None, int | Non
     "executorch_coreml_static.txt": ("executorch-coreml-static", [(15, "decode", 62.50, 992 + 32, 6)]),
     "anemll_chat.txt": ("anemll-chat", [(14, "prefill", 182.6, None, None), (15, "decode", 47.2, 512, None),
                                         (21, "prefill", 196.7, None, None), (22, "decode", 46.8, 512, None)]),
+    "coreml_llm_cli_sequoia.txt": ("coreml-llm-cli", [(2, "prefill", 704.52, None, 512),
+                                                      (4, "decode", 1000 / 85.41, None, None)]),
+    "coreml_llm_cli_main.txt": ("coreml-llm-cli", [(10, "decode", 1000 / 142.44, None, None)]),
 }
 
 
@@ -84,6 +87,16 @@ def test_fixture_rows_exactly(name: str) -> None:
         assert "phase" in derived
         assert (m.context_length is None) or "context_length" in derived
         assert m.notes  # which lines (runner) or which test (llama-bench) the row came from
+
+
+def test_coreml_llm_cli_main_prints_no_prompt_token_count_so_no_prefill_row() -> None:
+    """main's ``Prompt : 1,204.37 ms`` has no throughput line after it (only the sequoia branch prints one): a
+    warning at that line says why there is no prefill row."""
+    result = parse_log((DATA / "coreml_llm_cli_main.txt").read_bytes(), "main.txt")
+    (warning,) = [w for w in result.warnings if w.line is not None]  # the others: no device, no build label
+    assert (warning.line, warning.column, warning.severity) == (9, "Prompt", "warning")
+    assert "without its token count" in warning.message and "no prefill row" in warning.message
+    assert [m.phase for m in result.measurements] == ["decode"]
 
 
 def test_readme_table_in_examples_is_the_fixture() -> None:
@@ -154,6 +167,9 @@ VARIANTS = [
     ("executorch_stats_only.txt", "Rate: \t53.993251", "Rate: \tfast", 5, "Rate", "not a number"),
     ("executorch_coreml_static.txt", "(62.50 tok/s)", "(6.25 tok/s)", 15, "tok/s", "disagrees"),
     ("anemll_chat.txt", "Inference: 46.8 t/s", "Inference: 4e7 t/s", 22, "t/s", "outside the accepted range"),
+    ("coreml_llm_cli_sequoia.txt", "85.41 +/- 2.67", "85,41 +/- 2.67", 4, "ms / token", "decimal commas"),
+    ("coreml_llm_cli_main.txt", "142.44 +/- 2.31 ms / token", "142.44 ms / token", 10, None,
+     "not a complete coreml-llm-cli line"),
 ]
 
 

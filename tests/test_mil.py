@@ -9,7 +9,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
 from analyzer.graph.accounting import RULES, account
-from analyzer.graph.mil import layer_from_name, read_program
+from analyzer.graph.mil_reader import layer_from_name, read_program
 
 
 def _save(prog, path):
@@ -151,10 +151,14 @@ def test_a_symbolic_dimension_is_reported_not_counted_as_zero(symbolic_package, 
         ("r", "x", "[1,?,4]"), ("r", "r", "[1,?,4]"), ("y", "r", "[1,?,4]"), ("y", "y", "[1,?,8]")}
     assert acc.totals()["weights"] == 8 * 4 * 2  # the weight is sized; the activations are not
     assert acc.totals()["activations"] == 0
+    # inspect analyses a flexible package at a stated shape (#20): the hidden-state length at its lower bound
     code, out, _ = _cli(capsys, "inspect", str(symbolic_package), "--json")
-    assert code == 0 and len(json.loads(out)["unsized_tensors"]) == 4
-    code, text, _ = _cli(capsys, "inspect", str(symbolic_package))
-    assert "4 tensors have a symbolic dimension" in text
+    doc = json.loads(out)
+    assert code == 0 and "unsized_tensors" not in doc
+    assert doc["assumed_shapes"] == [{"name": "x", "shape": [1, 1, 4], "how": "query length at its lower bound"}]
+    assert doc["bytes_per_token"]["activations"] == 2 * (4 + 4 + 4 + 8)  # x, r read; r, y written (fp16)
+    code, text, _ = _cli(capsys, "inspect", str(symbolic_package), "--shape", "x=1,2,4")
+    assert code == 0 and "flexible input analysed at x [1,2,4] (given (--shape))" in text
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +250,7 @@ def multifunction_package(tmp_path_factory):
 
 
 def test_a_multifunction_package_lists_and_reports_every_function(multifunction_package, capsys):
-    from analyzer.graph.mil import list_functions
+    from analyzer.graph.mil_reader import list_functions
 
     assert list_functions(multifunction_package) == ("decode", "prefill")
     assert [op.type for op in read_program(multifunction_package).ops if op.type != "const"] == ["linear", "relu"]
@@ -279,7 +283,7 @@ def test_single_function_output_has_no_functions_key(three_op_package, capsys):
 def test_peak_rss_is_read_in_bytes_on_macos_and_kib_on_linux(monkeypatch):
     import resource
 
-    from analyzer.build.convert import peak_rss_bytes
+    from analyzer.convert.child import peak_rss_bytes
 
     class Usage:
         ru_maxrss = 1_000_000

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.build.builds import PACKAGE_NAME, BuildSpec, reanalyze, run_build
+from analyzer.convert.launch import PACKAGE_NAME, reanalyze, run_build
 from analyzer.errors import AnalysisFileError, QfoldError
-from analyzer.graph.mil import list_functions, read_program
+from analyzer.graph.mil_reader import list_functions, read_program
 from analyzer.graph.record import ANALYSIS_FILE, function_analysis_file, load_analyses, load_analysis
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
+from analyzer.model.spec import BuildSpec
 from analyzer.report.catalog import build_refs, phase_sibling
 
 from .conftest import TINY_OVERRIDES, TINY_Q_LEN

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from analyzer.errors import QfoldError
 from analyzer.graph.accounting import CATEGORIES, account
-from analyzer.graph.mil import VIEW_OPS, read_program
+from analyzer.graph.mil_reader import VIEW_OPS, read_program
 
 pytestmark = pytest.mark.conversion
 

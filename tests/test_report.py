@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from analyzer.device.bandwidth import WRITEUP_AB_IPHONE, fixed_assumption
+from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE, fixed_assumption
 from analyzer.device.crosscheck import crosscheck
 from analyzer.device.logs import BuildDeviceSummary
 from analyzer.fmt import MB, MIB

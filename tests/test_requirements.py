@@ -13,7 +13,9 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCAL = {"analyzer", "app_pages", "tests", "bench", "scripts", "app"}
+# the project's own top-level names, and the sibling modules bench scripts and the macOS companion import by name
+LOCAL = {"analyzer", "app_pages", "tests", "bench", "scripts", "app",
+         *(p.stem for p in ROOT.glob("bench/*.py")), *(p.stem for p in ROOT.glob("scripts/**/*.py"))}
 SOURCES = ("analyzer", "app_pages", "tests", "bench", "scripts")
 
 
@@ -42,7 +44,7 @@ def _pinned() -> set[str]:
     names: set[str] = set()
     for req in ROOT.glob("requirements*.txt"):
         for line in req.read_text().splitlines():
-            match = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*==", line)
+            match = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[[A-Za-z0-9_,.\- ]*\])?\s*==", line)  # name[extras]==
             if match:
                 names.add(re.sub(r"[-_.]+", "-", match.group(1)).lower())
     return names

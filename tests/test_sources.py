@@ -25,7 +25,7 @@ def test_default_preset_geometry_is_the_writeups():
     assert (g.hidden_size, g.vocab_size) == (2048, 102400)
 
 
-@pytest.mark.parametrize("name", sorted(REQUIRED_PRESETS | {"gemma-3-1b", "phi-3-mini-4k"}))
+@pytest.mark.parametrize("name", sorted(REQUIRED_PRESETS | {"gemma-3-1b", "phi-3-mini-4k", "llama-3.1-70b"}))
 def test_every_preset_resolves(name):
     g = geometry_of(load_config(resolve_source(name)))
     assert g.num_q_heads % g.num_kv_heads == 0

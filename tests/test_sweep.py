@@ -3,7 +3,9 @@
 The default-suite sweep runs the 2-layer tiny config (conftest TINY_OVERRIDES) at ctx {256, 512} × {repeat_kv,
 qfold} in the session's builds folder: the ctx-256 pair is the session's ``tiny_builds`` (reused), the ctx-512 pair
 is built on Ray, and one injected point (a model folder whose safetensors file is corrupt) fails inside its
-worker. The structure-size sweep of the issue (30 layers, ctx {512, 1024, 2048, 4096}) takes ~7 min today and runs
+worker. The derived-points tests sweep ctx {256, 512, 640, 768, 1024} of repeat_kv: 256 and 512 are those builds,
+768 converts for the law's check, and 640 and 1024 are derived, then held against their direct builds. The
+structure-size sweep of the issue (30 layers, ctx {512, 1024, 2048, 4096}) takes ~7 min today and runs
 with QFOLD_STRUCTURE_SWEEP=1; it becomes cheap once value-free analysis builds land.
 """
 
@@ -11,19 +13,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pandas as pd
 import psutil
 import pytest
 
-from analyzer.build.builds import ANALYSIS_MODE, BuildSpec, run_builds
-from analyzer.device.profiles import get_profile, load_profiles, parse_profiles
-from analyzer.device.sweep import RayOptions, build_memory_bytes, equivalence_groups, run_sweep
-from analyzer.device.sweep_ray import store_analysis
+from analyzer.convert.launch import list_builds, run_builds
+from analyzer.device.profiles import DEFAULT_PROFILE, get_profile, load_profiles, parse_profiles
+from analyzer.device.sweep import RayOptions, build_memory_bytes, describe_progress, run_sweep
+from analyzer.device.sweep_derive import DERIVED_DIR
+from analyzer.device.sweep_ray import equivalence_groups, store_analysis
 from analyzer.device.sweep_spec import (
     DIMENSION_NAMES,
     SweepError,
@@ -31,10 +35,13 @@ from analyzer.device.sweep_spec import (
     make_spec,
     read_spec_file,
 )
-from analyzer.device.sweep_table import SweepRow, check_table_path, read_table, write_table
+from analyzer.device.sweep_table import SweepRow, check_table_path, finished_row, read_table, write_table
 from analyzer.errors import QfoldError
 from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.ctx_affine import canonical, same_program
+from analyzer.graph.record import load_analysis, write_analysis
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
+from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
 from tests.conftest import TINY_CTX, TINY_OVERRIDES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -318,6 +325,97 @@ def test_store_analysis_refuses_a_worker_with_other_tool_versions(tmp_path):
     assert path == tmp_path / "model-qfold-abc" and (path / "build.log").read_text() == "log\n"
     assert store_analysis(tmp_path, "model-qfold-abc", json.dumps({"key": "model-qfold-abc", "x": 1}), "") == path
     assert "x" not in json.loads((path / "analysis.json").read_text())  # a finished build is never overwritten
+
+
+# ------------------------------------------------------------------------------------------------- derived points
+# Issue 23, item 3 (analyzer.device.sweep_derive): one graph at five ctx values converts three, derives two.
+SWEEP_CTX = (256, 512, 640, 768, 1024)
+CONVERTED, DERIVED = (256, 512, 768), (640, 1024)  # the law's two points, then its check; 1024 = the largest ctx
+
+
+@pytest.fixture(scope="module")
+def direct(tiny_sweep, builds_root, tmp_path_factory) -> dict[int, Path]:
+    """Every point of the sweep converted, as `build --ctx N` makes them (analysis mode): 256 and 512 are the
+    module's sweep's builds; 768 and the two derived points are converted here, in one child."""
+    src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    specs = {c: BuildSpec(src, "repeat_kv", "state", c, build_mode=ANALYSIS_MODE) for c in SWEEP_CTX}
+    out = {c: builds_root / specs[c].key for c in (256, 512)}
+    new = [specs[c] for c in (768, *DERIVED)]
+    out.update({s.ctx: r.path for s, r in zip(new, run_builds(new, tmp_path_factory.mktemp("direct")), strict=True)})
+    return out
+
+
+def _sweep_root(direct: dict[int, Path], tmp_path: Path) -> Path:
+    """A builds folder holding only the three points the sweep converts (as if it had converted them)."""
+    root = tmp_path / "builds"
+    root.mkdir()
+    for ctx in CONVERTED:
+        shutil.copytree(direct[ctx], root / direct[ctx].name)
+    return root
+
+
+def _spec():
+    return make_spec({"ctx": [",".join(map(str, SWEEP_CTX))], "variant": ["repeat_kv"], "structure": True,
+                      "set": ["num_hidden_layers=2"]})
+
+
+@pytest.mark.conversion
+def test_derived_rows_equal_direct_builds_and_are_marked(direct, tmp_path):
+    root = _sweep_root(direct, tmp_path)
+    events = []
+    result = run_sweep(_spec(), root, on_event=events.append, ray_options=RayOptions(address="127.0.0.1:1"))
+    assert not result.used_ray and result.n_built == 0 and result.n_reused == 3 and result.n_derived == 2
+    rows = {r.point.ctx: r for r in result.rows}
+    profile = get_profile(DEFAULT_PROFILE)
+    for ctx in DERIVED:  # 1024: the largest ctx, extrapolated past the check
+        row, built = rows[ctx], load_analysis(direct[ctx])
+        assert row.status == "derived" and row.derived_from_ctx == CONVERTED
+        derived = load_analysis(row.path)
+        assert Path(row.path).parent == root / DERIVED_DIR / built.build.key  # the key `build --ctx N` makes
+        assert same_program(derived.program, built.program) is None  # the op table, op for op
+        assert derived.program == canonical(built.program)
+        assert derived.summary.op_counts == built.summary.op_counts and derived.summary.tile_count == 4
+        assert derived.bytes_per_token == built.bytes_per_token  # every category
+        assert derived.bytes_by_layer == built.bytes_by_layer
+        assert derived.flops.per_token() == built.flops.per_token()
+        same = finished_row(replace(row, status="built", derived_from_ctx=(), path="", seconds=0.0), direct[ctx],
+                            profile)
+        assert replace(row, status="built", derived_from_ctx=(), path="", seconds=0.0) == replace(same, path="")
+        provenance = derived.build.extra["derived_from"]
+        assert [p["ctx"] for p in provenance["basis"]] == [256, 512] and provenance["check"]["ctx"] == 768
+        assert provenance["check"]["key"] == load_analysis(direct[768]).build.key
+        assert derived.build.equivalence is None and derived.build.package_bytes is None
+        assert not (root / built.build.key).exists()  # never where `build` would take it for a conversion
+    assert len(list_builds(root)) == 3
+    derived_events = [e for e in events if e.row is not None and e.row.status == "derived"]
+    assert [e.row.point.ctx for e in derived_events] == list(DERIVED)
+    assert "2 derived" in describe_progress(derived_events[-1])
+    assert "derived from ctx 256 and 512 (law checked at ctx 768)" in describe_progress(derived_events[-1])
+    table = pd.read_csv(write_table(result.rows, tmp_path / "t.csv"), dtype={"derived_from_ctx": str})
+    marked = table.set_index("ctx")[["status", "derived_from_ctx"]].fillna("")
+    assert marked.to_dict("index") == {256: {"status": "reused", "derived_from_ctx": ""},
+                                       512: {"status": "reused", "derived_from_ctx": ""},
+                                       640: {"status": "derived", "derived_from_ctx": "256,512,768"},
+                                       768: {"status": "reused", "derived_from_ctx": ""},
+                                       1024: {"status": "derived", "derived_from_ctx": "256,512,768"}}
+
+
+@pytest.mark.conversion
+def test_a_check_that_fails_converts_the_other_points_instead(direct, tmp_path):
+    """The conversion at 768 replaced by a program that is not the graph at 768 (the one at 256): the law's check
+    fails, nothing is derived, and the sweep turns to converting 640 and 1024 (here: on a Ray address that refuses
+    the connection, so the attempt is all there is to see)."""
+    root = _sweep_root(direct, tmp_path)
+    check = root / direct[768].name
+    write_analysis(check / "analysis.json", replace(load_analysis(check), program=load_analysis(direct[256]).program))
+    events = []
+    with pytest.raises(SweepError, match=r"cannot reach the Ray cluster at 127\.0\.0\.1:1"):
+        run_sweep(_spec(), root, on_event=events.append, ray_options=RayOptions(address="127.0.0.1:1"))
+    messages = [e.message for e in events if e.message]
+    refusal = next(m for m in messages if "not derived" in m)
+    assert "derived at ctx 768 from ctx 256 and 512, the program differs from its conversion" in refusal
+    assert refusal.endswith("converting ctx 640, 1024 instead")
+    assert not (root / DERIVED_DIR).exists()
 
 
 # ------------------------------------------------------------------------------------------------- structure size

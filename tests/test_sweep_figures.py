@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from analyzer.device.logs import Measurement
 from analyzer.device.sweep import SweepJob
 from analyzer.device.sweep_spec import SweepPoint, make_spec
-from analyzer.device.sweep_table import SweepRow
+from analyzer.device.sweep_table import SweepRow, read_table, write_table
 from analyzer.fmt import MB
 from analyzer.report import sweep_figures as sf
 from tests.conftest import TINY_CTX
@@ -52,6 +52,24 @@ def test_frames_keep_finished_points_and_figures_draw_exactly_them():
     qfold = frame[frame["variant"] == "qfold"]
     assert list(bfig.data[0].y) == pytest.approx([int(v) / MB for v in qfold["bytes_total"]])
     assert sf.sweep_frame(pd.DataFrame()).empty
+
+
+def test_derived_points_are_open_markers_whose_hover_and_legend_say_where_they_came_from(tmp_path):
+    rows = _rows()[:3]
+    total = 1_000_000_000 + 10 * 61_440 * 4096
+    rows.append(SweepRow(SweepPoint("m", "none", "repeat_kv", 4096), "derived", key="rk4096", derived_from_ctx=(
+        512, 1024, 2048), bytes=(("total", total),), predicted_tok_per_s=55.9e9 / total, tile_count=4))
+    for table in (rows, read_table(write_table(rows, tmp_path / "t.csv"))):  # live rows, and the table read back
+        frame = sf.sweep_frame(table)
+        assert list(frame["status"]) == ["built", "built", "built", "derived"]
+        assert list(frame["provenance"]) == ["converted"] * 3 + ["derived from ctx 512 and 1024 (checked at ctx 2048)"]
+        fig = sf.bytes_figure(frame)
+        line = fig.data[0]
+        assert list(line.marker.symbol) == ["circle"] * 3 + ["circle-open"]
+        assert line.customdata[-1] == "derived from ctx 512 and 1024 (checked at ctx 2048)"
+        assert "%{customdata}" in line.hovertemplate
+        assert [t.name for t in fig.data][-1] == sf.DERIVED_LEGEND
+    assert sf.DERIVED_LEGEND not in [t.name for t in sf.bytes_figure(sf.sweep_frame(rows[:3])).data]
 
 
 @pytest.mark.conversion

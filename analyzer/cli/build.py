@@ -6,15 +6,32 @@ from __future__ import annotations
 import sys
 
 from analyzer.cli.common import positive_int
+from analyzer.convert.compress import canonical_spec
+from analyzer.convert.fold import FOLD_BASE_VARIANT, build_folded
+from analyzer.convert.launch import run_builds
+from analyzer.errors import QfoldError
+from analyzer.model.backends import BACKENDS, COREAI, COREML, DEFAULT_WEIGHTS, WEIGHT_DTYPES
+from analyzer.model.sources import (
+    DEFAULT_PRESET,
+    STRUCTURE_OVERRIDES,
+    geometry_of,
+    load_config,
+    preset_names,
+    resolve_source,
+)
+from analyzer.model.spec import (
+    ANALYSIS_MODE,
+    BUILD_MODES,
+    BUILD_PHASES,
+    DEFAULT_Q_LEN,
+    FOLD_VARIANT,
+    MATERIALISED_MODE,
+    BuildSpec,
+)
+from analyzer.model.variants import KV_MODES, VARIANTS
 
 
 def add_parser(sub) -> None:
-    from analyzer.build.builds import ANALYSIS_MODE, BUILD_MODES
-    from analyzer.build.fold import FOLD_VARIANT
-    from analyzer.model.prefill import BUILD_PHASES, DEFAULT_Q_LEN
-    from analyzer.model.sources import DEFAULT_PRESET, preset_names
-    from analyzer.model.variants import KV_MODES, VARIANTS
-
     p = sub.add_parser("build", help="convert a model to Core ML with one or more attention variants",
                        description="Convert the decode (or prefill) step of a model to Core ML (iOS18, fp16) with one "
                                    "or more attention variants, in one child process; reuse existing identical "
@@ -30,7 +47,12 @@ def add_parser(sub) -> None:
                         "A/B; proven in the MIL interpreter): it needs a package, so it is always materialised")
     p.add_argument("--mode", choices=list(BUILD_MODES),
                    help="; ".join(f"{m}: {d}" for m, d in BUILD_MODES.items())
-                        + f" (default {ANALYSIS_MODE}; {FOLD_VARIANT}: materialised)")
+                        + f" (default {ANALYSIS_MODE}; {FOLD_VARIANT} and --backend {COREAI}: materialised)")
+    p.add_argument("--backend", default=COREML, choices=list(BACKENDS),
+                   help="; ".join(f"{b}: {d}" for b, d in BACKENDS.items()) + f" (default {COREML})")
+    p.add_argument("--weights", default=DEFAULT_WEIGHTS, choices=list(WEIGHT_DTYPES),
+                   help=f"the torch weights' dtype (default {DEFAULT_WEIGHTS}); fp32 is a {COREAI} option (time "
+                        "Core AI's Linux runtime on fp32 weights: its fp16 matmuls dominate every step)")
     p.add_argument("--kv", default="state", choices=KV_MODES, help="KV cache as Core ML state (default) or inputs")
     p.add_argument("--ctx", type=positive_int, default=4096, help="context length (cache slots), default 4096")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -56,31 +78,26 @@ def add_parser(sub) -> None:
 
 
 def cmd_build(args) -> int:
-    from analyzer.build.builds import ANALYSIS_MODE, MATERIALISED_MODE, BuildSpec, run_builds
-    from analyzer.build.fold import FOLD_BASE_VARIANT, FOLD_VARIANT, build_folded
-    from analyzer.errors import QfoldError
-    from analyzer.model.prefill import DEFAULT_Q_LEN
-    from analyzer.model.sources import STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
-
     overrides = (list(STRUCTURE_OVERRIDES) if args.structure else []) + list(args.overrides)
     source = resolve_source(args.model, overrides, seed=args.seed)
     compression = None
     if args.compression:
-        from analyzer.build.compress import canonical_spec
-
         compression = canonical_spec(args.compression, geometry_of(load_config(source)).num_layers)
     variants = list(dict.fromkeys(args.variant))
     if FOLD_VARIANT in variants and args.mode == ANALYSIS_MODE:
         raise QfoldError(f"--variant {FOLD_VARIANT} --mode {ANALYSIS_MODE}: the fold pass rewrites a saved package "
                          "and proves it in the MIL interpreter, which needs weight values; use --mode materialised "
                          f"(or leave --mode out), or compare {FOLD_BASE_VARIANT} and qfold in analysis mode")
+    if FOLD_VARIANT in variants and args.backend == COREAI:
+        raise QfoldError(f"--variant {FOLD_VARIANT} --backend {COREAI}: that variant folds a Core ML package; build "
+                         f"{FOLD_BASE_VARIANT} with --backend {COREAI} and fold its model.aimodel with `fold`")
     q_len = args.q_len if args.q_len is not None else 1 if args.phase == "decode" else DEFAULT_Q_LEN
 
     def spec_of(variant: str) -> BuildSpec:
         folded = variant == FOLD_VARIANT
-        mode = MATERIALISED_MODE if folded else args.mode or ANALYSIS_MODE
+        default = MATERIALISED_MODE if folded or args.backend == COREAI else ANALYSIS_MODE
         return BuildSpec(source, FOLD_BASE_VARIANT if folded else variant, args.kv, args.ctx, compression, args.steps,
-                         args.phase, q_len, mode)
+                         args.phase, q_len, args.mode or default, backend=args.backend, weights=args.weights)
 
     def progress(p) -> None:
         print(f"[{p.fraction * 100:3.0f}%] {p.stage}: {p.message}", file=sys.stderr, flush=True)

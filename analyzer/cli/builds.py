@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from analyzer import fmt
+from analyzer.convert.builds_folder import queue
+from analyzer.convert.launch import build_folder, builds_dir, list_builds
 
 
 def add_parser(sub) -> None:
@@ -15,9 +17,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_builds(args) -> int:
-    from analyzer.build.builds import build_folder, builds_dir, list_builds
-    from analyzer.build.state import queue
-
     builds, q = list_builds(args.builds_dir), queue(builds_dir(args.builds_dir))
     if args.json:
         print(json.dumps({

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from analyzer import fmt
-from analyzer.build.compress import ASSUMED_ATTENTION, PRESETS, canonical_spec, parse_spec
 from analyzer.cli.common import positive_int
+from analyzer.convert.compress import ASSUMED_ATTENTION, PRESETS, canonical_spec, parse_spec
 
 HELP = f"""\
 Compression spec: one line of comma-separated items (quote it in the shell: it contains [ ]).

@@ -3,20 +3,71 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from analyzer import fmt
-from analyzer.cli.common import add_analysis_options, load_for_cli
+from analyzer.cli.common import add_analysis_options, check_shape_names, load_for_cli
+from analyzer.cli.placement import join_for_cli
+from analyzer.device.placement import PlacementAB, compare_placement
+from analyzer.errors import QfoldError
 from analyzer.graph.diff import ABDiff, Change, diff_analyses
+from analyzer.graph.diff_reasons import explain
+from analyzer.graph.record import Analysis
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("diff", help="A/B: op-count deltas, tiles, bytes per token")
-    p.add_argument("a", help="build folder, analysis.json or .mlpackage (baseline)")
-    p.add_argument("b", help="build folder, analysis.json or .mlpackage (candidate)")
+    p.add_argument("a", help="build folder, analysis.json, .mlpackage or .aimodel (baseline)")
+    p.add_argument("b", help="build folder, analysis.json, .mlpackage or .aimodel (candidate; another backend's "
+                             "build too: every difference is explained by op kind)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plan", action="append", default=[], metavar="A=PLAN|B=PLAN",
+                   help="a compute plan or profiler report of side A or B (both: a placement section, with a "
+                        "warning per device off the Neural Engine on which B has more ops or bytes than A)")
+    p.add_argument("--plan-function", action="append", default=[], metavar="A=P|B=P",
+                   help="the function of side A's or B's plan to join (a bench profile: a target's label; default: "
+                        "as `placement`)")
     add_analysis_options(p)
     p.set_defaults(func=cmd_diff)
+
+
+def _sides(values: list[str], flag: str, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values:
+        side, sep, value = v.partition("=")
+        if not sep or side not in ("A", "B") or not value:
+            raise QfoldError(f"{flag} {v!r}: write A={what} or B={what}")
+        if side in out:
+            raise QfoldError(f"{flag} {side}= is given twice")
+        out[side] = value
+    return out
+
+
+def _plans(values: list[str]) -> dict[str, str]:
+    out = _sides(values, "--plan", "PLAN")
+    if out and set(out) != {"A", "B"}:
+        raise QfoldError("--plan: give both A=PLAN and B=PLAN (the placement section compares the two)")
+    return out
+
+
+def placement_section(plans: dict[str, str], a: Analysis, b: Analysis,
+                      functions: dict[str, str] | None = None) -> PlacementAB:
+    functions = functions or {}
+    return compare_placement(join_for_cli(plans["A"], a, functions.get("A")),
+                             join_for_cli(plans["B"], b, functions.get("B")))
+
+
+def print_placement(ab: PlacementAB) -> None:
+    print("\nplacement (ops · bytes per token), A → B")
+    print(fmt.table([(d.device, f"{d.ops_a:,} → {d.ops_b:,}", f"{fmt.size(d.bytes_a, 'auto', None)} → "
+                      f"{fmt.size(d.bytes_b, 'auto', None)}") for d in ab.devices], ("device", "ops", "bytes/token")))
+    for side, j in (("A", ab.a), ("B", ab.b)):
+        if j.unmatched_plan or j.unmatched_analysis:
+            print(f"{side}: {len(j.unmatched_plan):,} plan op(s) and {len(j.unmatched_analysis):,} compute op(s) "
+                  f"unmatched (placement {j.plan_file} --json lists them)")
+    for w in ab.warnings:
+        print(f"warning: {w.message}")
 
 
 def _change(c: Change) -> dict[str, int]:
@@ -40,6 +91,16 @@ def diff_json(d: ABDiff) -> dict[str, Any]:
     }
 
 
+def print_reasons(a, b) -> None:
+    reasons = explain(a, b)
+    if a.program.backend != b.program.backend:
+        print(f"\nbackends: A {a.program.backend}, B {b.program.backend}")
+    if reasons:
+        print("\nwhy, by op kind (the parts of each category add up to its delta)")
+        print(fmt.table([(r.aspect, r.kind, r.a, r.b, r.delta, r.why) for r in reasons],
+                        ("aspect", "kind", "A", "B", "delta", "why")))
+
+
 def print_diff(d: ABDiff) -> None:
     t = d.total_ops
     print(f"ops: {t.a:,} → {t.b:,} ({t.delta:+,})")
@@ -53,15 +114,30 @@ def print_diff(d: ABDiff) -> None:
 
 
 def cmd_diff(args) -> int:
+    plans = _plans(args.plan)
+    plan_functions = _sides(args.plan_function, "--plan-function", "P")
+    if plan_functions and not plans:
+        raise QfoldError("--plan-function: give --plan A=PLAN --plan B=PLAN too")
     side_a, side_b = load_for_cli(args.a, args), load_for_cli(args.b, args)
+    check_shape_names(args, *(x.program for x in (*side_a, *side_b)))
+    for label, side in (("A", side_a), ("B", side_b)):
+        for assumed in side[0].program.assumed_shapes:
+            print(f"{label}: flexible input analysed at {assumed.text}", file=sys.stderr)
     top = diff_analyses(side_a[0], side_b[0])
+    placement = placement_section(plans, side_a[0], side_b[0], plan_functions) if plans else None
     several = len(side_a) > 1 or len(side_b) > 1
     names_a, names_b = [a.function for a in side_a], [b.function for b in side_b]
     common = [n for n in names_a if n in names_b]
     by_b = {b.function: b for b in side_b}
     pairs = [(a, by_b[a.function]) for a in side_a if a.function in by_b]
     if args.json:
-        out = {**diff_json(top), "weight_charge": args.weight_charge}
+        out = {**diff_json(top), "weight_charge": args.weight_charge,
+               "backends": {"a": side_a[0].program.backend, "b": side_b[0].program.backend},
+               "reasons": [r.to_json() for r in explain(side_a[0], side_b[0])],
+               "assumed_shapes": {"a": [x.to_json() for x in side_a[0].program.assumed_shapes],
+                                  "b": [x.to_json() for x in side_b[0].program.assumed_shapes]}}
+        if placement is not None:
+            out["placement"] = placement.to_json()
         if several:
             out["functions"] = [{"function": a.function, **diff_json(diff_analyses(a, b))} for a, b in pairs]
             out["functions_only_in"] = {"a": [n for n in names_a if n not in common],
@@ -70,6 +146,9 @@ def cmd_diff(args) -> int:
         return 0
     if not several:
         print_diff(top)
+        print_reasons(side_a[0], side_b[0])
+        if placement is not None:
+            print_placement(placement)
         return 0
     print(f"A has {len(side_a)} function(s), B {len(side_b)}; functions of the same name are compared "
           "(--function NAME picks one)")
@@ -81,4 +160,7 @@ def cmd_diff(args) -> int:
     if not pairs:
         print(f"\nno function in common; the default functions ({side_a[0].function} vs {side_b[0].function}):")
         print_diff(top)
+    if placement is not None:
+        print(f"\n== placement of the default functions ({side_a[0].function} vs {side_b[0].function})")
+        print_placement(placement)
     return 0

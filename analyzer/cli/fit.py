@@ -1,11 +1,11 @@
-"""``python -m analyzer fit``: device logs + graph bytes → cross-check and bandwidth fits, headless.
+"""``qfold fit``: device logs + graph bytes → cross-check and bandwidth fits, headless.
 
-A thin shell over ``analyzer.device.logs`` and ``analyzer.device.bandwidth`` so scripts and CI get the same
+A thin shell over ``analyzer.device.logs`` and ``analyzer.device.bandwidth_model`` so scripts and CI get the same
 numbers as the dashboard. Exit codes: 0 done (row-level issues, if any, are listed), 1 a log was
 rejected whole or no row was accepted, 2 a bad argument. Errors go to stderr as one line each,
 never as a traceback.
 
-    python -m analyzer fit LOG [LOG ...] [--build LABEL=BUILD_PATH|BYTES ...] [--bw BYTES_PER_S]
+    qfold fit LOG [LOG ...] [--build LABEL=BUILD_PATH|BYTES ...] [--bw BYTES_PER_S]
                            [--device NAME] [--label BUILD] [--overhead] [--json]
 
 LOG is any format ``analyzer.device.logs`` reads, recognised by content (llama-bench markdown/CSV/JSON/SQL,
@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import re
+import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -25,18 +26,25 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from analyzer import fmt
-from analyzer.device.bandwidth import BW_RANGE_BYTES_PER_S
+from analyzer.device.bandwidth_model import BW_RANGE_BYTES_PER_S
 from analyzer.device.fit import BandwidthReport, bandwidth_report
 from analyzer.device.logs import (
+    FileReport,
     LogImport,
+    LogIssue,
     LogLimits,
     check_size,
     normalize_label,
     parse_decimal,
     parse_logs,
 )
+from analyzer.device.logs.text import file_label
+from analyzer.device.sweep_table import read_table
+from analyzer.device.timing_report import device_model_report, parse_map, report_json, report_text
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, table
+from analyzer.fsio import file_kind
+from analyzer.graph.record import load_analysis
 from analyzer.report.assumptions import assumption_notes
 
 PROG = "qfold fit"
@@ -44,7 +52,6 @@ PROG = "qfold fit"
 
 class _ArgumentError(ValueError):
     """A bad command-line value; reported on stderr with exit code 2."""
-
 
 def _bw_arg(text: str) -> float:
     try:
@@ -144,8 +151,6 @@ def _graph_bytes(specs: Sequence[str]) -> dict[str, GraphSource]:
 
 
 def _load_build_bytes(spec: str, label: str, path: str) -> GraphSource:
-    from analyzer.graph.record import load_analysis
-
     try:
         analysis = load_analysis(path)
     except (OSError, QfoldError) as e:
@@ -160,21 +165,25 @@ def _load_build_bytes(spec: str, label: str, path: str) -> GraphSource:
     return GraphSource(label, total, path, assumption_notes(analysis))
 
 
-def _read_logs(paths: Sequence[str], limits: LogLimits) -> list[tuple[str, bytes]]:
-    files = []
+def _read_logs(paths: Sequence[str], limits: LogLimits) -> tuple[list[tuple[str, bytes]], LogImport]:
+    """The logs' bytes, and the files rejected whole before reading (over the size limit, or not a regular
+    file): reported like any other rejected file (one ``error: FILE: …`` line each, exit 1), never read into memory."""
+    files, issues, reports = [], [], []
     for name in paths:
         path = Path(name)
         try:
-            size = path.stat().st_size
-            if not path.is_file():
-                raise _ArgumentError(f"{name}: not a file")
-            too_big = check_size(size, limits)
-            if too_big:
-                raise _ArgumentError(f"{name}: {too_big}")
+            st = path.stat()
+            size = st.st_size
+            refused = None if stat.S_ISREG(st.st_mode) else f"{file_kind(st.st_mode)}, not a regular file"
+            refused = refused or check_size(size, limits)  # a folder, FIFO, socket or device is never opened
+            if refused:
+                issues.append(LogIssue(file_label(name), None, None, None, "error", refused))
+                reports.append(FileReport(file_label(name), None, False, 0, 0, 0, 0))
+                continue
             files.append((name, path.read_bytes()))
         except OSError as e:
             raise _ArgumentError(f"{name}: cannot read ({e.strerror or e})") from e
-    return files
+    return files, LogImport((), tuple(issues), tuple(reports))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,11 +308,14 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
     limits = LogLimits()
     try:
         graph = _graph_bytes(args.builds)
-        files = _read_logs(args.logs, limits)
+        files, unread = _read_logs(args.logs, limits)
     except _ArgumentError as e:
         _error(str(e), err)
         return 2
     imported = parse_logs(files, limits, device=args.device, build=args.label)
+    if unread.files:
+        imported = LogImport(imported.measurements, (*unread.issues, *imported.issues),
+                             (*unread.files, *imported.files))
     if imported.rejected_files or not imported.measurements:
         for issue in imported.issues:
             print(issue.describe(), file=err)
@@ -323,10 +335,6 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
         return 1
     model_report = None
     if getattr(args, "sweep", None):
-        from analyzer.device.model_report import device_model_report, parse_map
-        from analyzer.device.sweep_table import read_table
-        from analyzer.errors import QfoldError
-
         try:
             model_report = device_model_report(imported.measurements, read_table(args.sweep), parse_map(args.map))
         except QfoldError as e:
@@ -335,8 +343,6 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
     if args.as_json:
         payload = _json_payload(imported, result, graph)
         if model_report is not None:
-            from analyzer.device.model_report import report_json
-
             payload["device_model"] = report_json(model_report)
         print(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False), file=out)
     else:
@@ -344,7 +350,5 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
             print(issue.describe(), file=err)
         _print_text(imported, result, graph, fixed_bw=args.bw is not None, out=out)
         if model_report is not None:
-            from analyzer.device.model_report import report_text
-
             print("\n" + report_text(model_report), file=out)
     return 0

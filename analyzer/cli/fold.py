@@ -1,55 +1,80 @@
 """``fold``: remove KV replication from any ML Program package (the ``qfold::fold_gqa_replication`` pass).
 
-    python -m analyzer fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json]
+    qfold fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json]
+                                           [--shape NAME=D0,D1,…]
 
 Writes the folded package to OUT and reports the tiles found / folded / left (with the reason for each tile
 left), bytes per decode token before and after, the per-constant weight check, and the MIL interpreter's
-proof (max |Δ| of every output and final state over N decode steps; "not checked" when the inputs cannot be
-identified: give ``--input-spec``). Exits 0 when nothing needed folding (OUT is then a copy of IN).
+proof (max |Δ| of every output and final state over N steps: on inputs the input spec describes, the roles of
+qfold's own builds, or else inputs drawn at random within what each can hold, each draw stated). A flexible
+package is reported and proved at ``--shape`` (else the stated defaults). Exits 0 when nothing needed folding
+(OUT is then a copy of IN).
+
+    qfold fold IN.aimodel OUT.aimodel [--json] [--steps N] [--seed S] [--input-spec SPEC.json]
+
+does the same for a Core AI asset, or a Core AI build folder (its ``model.aimodel``;
+``analyzer.graph.aimodel.asset_fold``): the replication ops are ``coreai.broadcast_in_dims`` / ``coreai.tile`` (SDPA
+composite bodies included), and the proof runs on the Core AI runtime. An asset's inputs have static shapes, so a
+``--shape`` other than an input's own is refused. Core AI folds are not cached.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from analyzer import fmt
-from analyzer.cli.common import positive_int
+from analyzer.cli.common import add_shape_option, positive_int, shapes_of
+from analyzer.convert.fold import check_fold_output, copy_package, fold_cached
+from analyzer.errors import FoldError
+from analyzer.fsio import check_disjoint
+from analyzer.graph.aimodel.asset_fold import fold_asset
+from analyzer.graph.aimodel.runtime import asset_in
+from analyzer.graph.aimodel.walk import read_asset
+from analyzer.graph.interpret import load_roles
+from analyzer.graph.mil_reader import find_package, list_functions
+from analyzer.graph.shapes import check_names, check_static_shapes, input_ranges
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("fold", help="fold the KV replication out of any .mlpackage (GQA/MQA), with proof",
-                       description="Rewrite every tile that copies K/V for attention into the Q-folded form "
-                                   "(no copy), save the result, and prove it in the MIL interpreter.")
-    p.add_argument("input", help="an ML Program .mlpackage (or a build folder holding one)")
-    p.add_argument("output", help="where to write the folded .mlpackage (replaced if it exists)")
+    p = sub.add_parser("fold", help="fold the KV replication out of any .mlpackage or .aimodel (GQA/MQA), with "
+                                    "proof",
+                       description="Rewrite every op that copies K/V for attention into the Q-folded form (no copy), "
+                                   "save the result, and prove it: a .mlpackage in qfold's MIL interpreter, a Core "
+                                   "AI .aimodel on the Core AI runtime.")
+    p.add_argument("input", help="an ML Program .mlpackage, a Core AI .aimodel, or a build folder holding one")
+    p.add_argument("output", help="where to write the folded .mlpackage or .aimodel (replaced if it exists)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--steps", type=positive_int, default=4, help="decode steps of the interpreter proof (default 4)")
+    p.add_argument("--steps", type=positive_int, default=4,
+                   help="decode steps of the proof (MIL interpreter or Core AI runtime; default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the proof's random inputs")
     p.add_argument("--input-spec", metavar="SPEC.json",
                    help="which inputs are token ids, positions, masks and KV caches (see `run --help`); "
                         "qfold's own builds need none")
-    p.add_argument("--no-proof", action="store_true", help="skip the interpreter proof")
+    p.add_argument("--no-proof", action="store_true", help="skip the proof")
+    add_shape_option(p)
     p.add_argument("--builds-dir",
                    help="where the fold cache lives (<builds>/.folds; default $QFOLD_BUILDS or ./builds)")
     p.set_defaults(func=cmd_fold)
 
 
 def cmd_fold(args) -> int:
-    from pathlib import Path
-
-    from analyzer.build.fold import copy_package, fold_cached
-    from analyzer.errors import FoldError
-    from analyzer.graph.mil import find_package
-
+    asset = asset_in(args.input)  # an .aimodel, or the one a Core AI build folder holds
+    if asset is not None:
+        return _fold_asset(args, asset)
     src = find_package(args.input)
     out = Path(args.output)
-    if out.suffix != ".mlpackage":
-        raise FoldError(f"{out}: the output must end in .mlpackage")
-    if out.resolve() == src.resolve():
-        raise FoldError(f"{out}: the output would overwrite the input package")
+    check_fold_output(Path(args.input), out)  # a build folder given as IN is an input too
+    real_out = check_fold_output(src, out)
+    if args.input_spec is not None:
+        load_roles(args.input_spec)  # a missing, unreadable or malformed spec is refused before any work
+    shapes = shapes_of(args)
+    if shapes:  # a name no input of IN has is an error (one package: it must be IN's)
+        check_names(shapes, [{r.name for r in input_ranges(src, fn)} for fn in list_functions(src)])
     result = fold_cached(src, args.builds_dir, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
-                         prove=not args.no_proof)
-    copy_package(result.package, out)
+                         prove=not args.no_proof, shapes=shapes)
+    check_disjoint(result.path, real_out, FoldError)  # never the cache entry itself
+    copy_package(result.package, real_out)
     rec = result.record
     doc = {"input": str(src), "output": str(out),
            "cache": {"key": result.key, "path": str(result.path), "reused": result.reused},
@@ -61,20 +86,44 @@ def cmd_fold(args) -> int:
     return 0
 
 
+def _fold_asset(args, asset: Path) -> int:
+    if args.builds_dir:
+        raise FoldError("--builds-dir: Core AI folds are not cached")
+    shapes = shapes_of(args)
+    if shapes:  # static shapes: a --shape is either the input's own or refused, never silently ignored
+        program = read_asset(asset)
+        check_names(shapes, [{t.name for t in program.inputs}])
+        check_static_shapes(shapes, program.inputs, asset)
+    check_disjoint(Path(args.input), Path(args.output), FoldError)  # a build folder given as IN is an input too
+    doc = fold_asset(asset, args.output, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
+                     prove=not args.no_proof).to_json()
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    _print(doc)
+    return 0
+
+
+def _dims(shape) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
 def _print(doc: dict) -> None:
+    what = "replication ops (broadcast_in_dims/tile)" if doc.get("backend") == "coreai" else "tile ops"
     if not doc["changed"]:
-        print(f"{doc['input']}: nothing to fold ({doc['tiles_found']} tile ops, none copies K/V for attention); "
+        print(f"{doc['input']}: nothing to fold ({doc['tiles_found']} {what}, none copies K/V for attention); "
               f"{doc['output']} is a copy")
     else:
-        print(f"{doc['input']}: {doc['tiles_found']} tile ops found, {doc['tiles_folded']} folded, "
+        print(f"{doc['input']}: {doc['tiles_found']} {what} found, {doc['tiles_folded']} folded, "
               f"{doc['tiles_left']} left")
     if doc["tiles"]:
-        print(fmt.table([(t["function"], t["name"], str(list(t["input_shape"])), str(list(t["output_shape"])),
+        print(fmt.table([(t["function"], t["name"], _dims(t["input_shape"]), _dims(t["output_shape"]),
                           "folded" if t["folded"] else "left", t["mapping"], t["chain"] or t["reason"]
                           if t["folded"] else t["reason"]) for t in doc["tiles"]],
-                        ("function", "tile", "input", "output", "", "head mapping", "chain / reason")))
+                        ("function", "op" if doc.get("backend") == "coreai" else "tile", "input", "output", "",
+                         "head mapping", "chain / reason")))
     for f in doc["functions"]:
-        print(f"\nbytes per decode token, function {f['function']} (kv_replication tiles "
+        print(f"\nbytes per call (a decode call is one token), function {f['function']} (kv_replication tiles "
               f"{f['kv_replication_tiles_before']} → {f['kv_replication_tiles_after']})")
         b, a = f["before"], f["after"]
         print(fmt.table([(k, b[k], a[k], a[k] - b[k], fmt.mib(a[k] - b[k])) for k in b],
@@ -83,6 +132,11 @@ def _print(doc: dict) -> None:
     if w is not None:
         print(f"\nweights: {w['identical']:,} of {w['checked']:,} stored constants identical (dtype, shape, bytes)"
               + (f"; {len(w['removed'])} no longer read: {', '.join(w['removed'][:3])}" if w["removed"] else ""))
+    for draw in doc["proof"].get("draws", []):
+        print(f"  drawn: {draw}")
     print(f"equivalence: {doc['proof']['headline']}")
-    cache = doc["cache"]
+    cache = doc.get("cache")
+    if cache is None:
+        print(f"wrote {doc['output']}")
+        return
     print(f"wrote {doc['output']} ({'reused' if cache['reused'] else 'new'} fold {cache['key']} in {cache['path']})")

@@ -1,7 +1,7 @@
 """``graph``: one layer of a program (or of A and B, aligned) as a picture for reports and code review.
 
-    python -m analyzer graph A [B] --layer 0 --out layer0.svg     # SVG through Graphviz's dot
-    python -m analyzer graph A [B] --layer outside --out rest.dot # DOT: always, no Graphviz needed
+    qfold graph A [B] --layer 0 --out layer0.svg     # SVG through Graphviz's dot
+    qfold graph A [B] --layer outside --out rest.dot # DOT: always, no Graphviz needed
 
 The picture is the dashboard's Graph view (``analyzer.report.graphview``): A and B as two clusters on one row
 grid, with a legend. stdout: the layer's structural verdict, then the written file as the last line.
@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from analyzer.cli.common import add_shape_option, check_shape_names, shapes_of
+from analyzer.errors import QfoldError
+from analyzer.graph.record import load_analyses, load_analysis
+from analyzer.graph.shapes import shapes_label
+from analyzer.report import graphview as gv
+
 SUFFIXES = (".svg", ".dot")
 
 
@@ -18,7 +24,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("graph", help="draw one layer of A (and B, aligned) as SVG or DOT",
                        description="Draw the ops of one layer of a program, or of two programs aligned side by "
                                    "side (KV-replication tiles in red, ops only in A or only in B highlighted).")
-    p.add_argument("a", help="build folder, analysis.json or .mlpackage")
+    p.add_argument("a", help="build folder, analysis.json, .mlpackage or .aimodel")
     p.add_argument("b", nargs="?", help="a second one to align against A (e.g. qfold against repeat_kv)")
     p.add_argument("--layer", default="0",
                    help="a decoder layer number, or 'outside' (embedding, RoPE tables, final norm, lm_head); "
@@ -28,18 +34,17 @@ def add_parser(sub) -> None:
     p.add_argument("--function", metavar="NAME",
                    help="the function to draw of a multi-function package or build (e.g. decode, prefill); required "
                         "when A or B has several")
+    add_shape_option(p)
     p.set_defaults(func=cmd_graph)
 
 
-def one_program(path: str, function: str | None):
+def one_program(path: str, function: str | None, shapes=None):
     """The program to draw: ``function`` of ``path``, or its only function; several without ``--function`` is an
-    error naming them (a multi-function package never silently shows only one)."""
-    from analyzer.errors import QfoldError
-    from analyzer.graph.record import load_analyses, load_analysis
+    error naming them (a multi-function package never silently shows only one). ``shapes``: flexible inputs."""
 
     if function is not None:
-        return load_analysis(path, function).program
-    analyses = load_analyses(path)
+        return load_analysis(path, function, shapes=shapes).program
+    analyses = load_analyses(path, shapes=shapes)
     if len(analyses) > 1:
         names = ", ".join(a.function for a in analyses)
         raise QfoldError(f"{path}: {len(analyses)} functions ({names}); pick one with --function")
@@ -55,9 +60,6 @@ def label_of(path: str) -> str:
 
 
 def cmd_graph(args) -> int:
-    from analyzer.errors import QfoldError
-    from analyzer.report import graphview as gv
-
     out = Path(args.out)
     if out.suffix.lower() not in SUFFIXES:
         raise QfoldError(f"--out {args.out}: name a .svg or a .dot file")
@@ -67,10 +69,14 @@ def cmd_graph(args) -> int:
         raise QfoldError(f"--out {args.out}: Graphviz 'dot' is not installed (apt-get install graphviz); "
                          f"write {out.with_suffix('.dot')} instead")
     layer = gv.parse_layer(args.layer)
-    program_a = one_program(args.a, args.function)
-    program_b = one_program(args.b, args.function) if args.b else None
-    view = gv.layer_view(program_a, program_b, layer, label_a=label_of(args.a),
-                         label_b=label_of(args.b) if args.b else "B", collapse=not args.no_collapse)
+    shapes = shapes_of(args)
+    program_a = one_program(args.a, args.function, shapes)
+    program_b = one_program(args.b, args.function, shapes) if args.b else None
+    check_shape_names(args, *(p for p in (program_a, program_b) if p is not None))
+    view = gv.layer_view(program_a, program_b, layer,
+                         label_a=label_of(args.a) + shapes_label(program_a.assumed_shapes),
+                         label_b=label_of(args.b) + shapes_label(program_b.assumed_shapes) if program_b else "B",
+                         collapse=not args.no_collapse)
     text = gv.render_view(view) if out.suffix.lower() == ".svg" else gv.view_dot(view)
     try:
         out.write_text(text, encoding="utf-8")
@@ -78,5 +84,8 @@ def cmd_graph(args) -> int:
         raise QfoldError(f"--out {args.out}: cannot write ({e.strerror})") from e
     ops = sum(len(n.ops) for side in view.sides for n in side.nodes)
     print(f"{view.title}: {ops:,} ops drawn" + (f"; {view.diff.verdict}" if view.diff is not None else ""))
+    for label, program in (("A", program_a), ("B", program_b)):
+        for assumed in (program.assumed_shapes if program is not None else ()):
+            print(f"{label}: flexible input analysed at {assumed.text}")
     print(out)
     return 0

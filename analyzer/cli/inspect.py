@@ -7,17 +7,18 @@ import sys
 from typing import Any
 
 from analyzer import fmt
-from analyzer.cli.common import add_analysis_options, load_for_cli
+from analyzer.cli.common import add_analysis_options, check_shape_names, load_for_cli
 from analyzer.graph.accounting import OP_COLUMNS
 from analyzer.graph.record import Analysis
+from analyzer.model.spec import ANALYSIS_MODE
 
 # Build fields inspect --json repeats, in this order (scripts read them).
 _BUILD_FIELDS = ("key", "spec", "geometry", "equivalence", "timings", "peak_rss_bytes")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("inspect", help="op counts, tiles and bytes per token of a build or any .mlpackage")
-    p.add_argument("path", help="a build folder, an analysis.json, or any ML Program .mlpackage")
+    p = sub.add_parser("inspect", help="op counts, tiles and bytes per token of a build, any .mlpackage or .aimodel")
+    p.add_argument("path", help="a build folder, an analysis.json, any ML Program .mlpackage or Core AI .aimodel")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--ops", action="store_true", help="include the per-op byte table")
     p.add_argument("--csv", action="store_true", help="print the per-op byte table as CSV")
@@ -42,9 +43,11 @@ def inspect_json(analysis: Analysis, path: str, with_ops: bool = False) -> dict[
         "unruled_op_types": list(acc.unruled_op_types),
         "weight_charge": acc.weight_charge,
         "function": analysis.function,
+        "backend": analysis.program.backend,
         "phase": analysis.call.phase,
         "tokens_per_call": analysis.call.tokens_per_call,
         "tokens_per_call_from": analysis.call.how,
+        "assumed_shapes": [a.to_json() for a in analysis.program.assumed_shapes],
         **analysis.flops.to_json(),  # flops_per_token (per prompt token for a prefill), flops_per_call, by layer
     }
     if acc.unsized:
@@ -71,16 +74,23 @@ def inspect_document(path: str, analyses: tuple[Analysis, ...], with_ops: bool) 
 
 def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
     s, acc = a.summary, a.account
-    print(f"{path}: {s.total_ops:,} ops ({s.const_ops:,} const, {s.non_const_ops:,} other)")
+    backend = a.program.backend
+    on = "" if backend == "coreml" else f"; backend {backend}"  # a Core ML package's line is as it always was
+    print(f"{path}: {s.total_ops:,} ops ({s.const_ops:,} const, {s.non_const_ops:,} other){on}")
+    for assumed in a.program.assumed_shapes:
+        print(f"flexible input analysed at {assumed.text}")
+    print(f"phase: {a.call.phase}, {a.call.tokens_per_call} token(s) per call ({a.call.how})")
     if a.build is not None:
-        made = ("value-free weights, no package" if a.build.build_mode == "analysis"
-                else "weights with values, a runnable package")
+        made = ("value-free weights, no package" if a.build.build_mode == ANALYSIS_MODE
+                else f"weights with values, a runnable {'.aimodel' if backend == 'coreai' else 'package'}")
         print(f"build mode: {a.build.build_mode} ({made})")
     print(fmt.table([(t, n) for t, n in s.op_counts.items()], ("op type", "count")))
-    print(f"\n{s.tile_count} tile ops, {fmt.bytes_both(s.tile_output_bytes)} of output")
+    what = "tile ops" if backend == "coreml" else "copy ops (coreai.tile, broadcast_in_dims, broadcast_to)"
+    print(f"\n{s.tile_count} {what}, {fmt.bytes_both(s.tile_output_bytes)} of output")
     if s.tiles:
         print(fmt.table([(t.layer, t.name, str(t.to_json()["input_shape"]), str(list(t.output_shape)), t.dtype,
-                          t.output_bytes, t.kind) for t in s.tiles],
+                          t.output_bytes, t.kind + (f" (in {t.composite}, per call)" if t.composite else ""))
+                         for t in s.tiles],
                         ("layer", "name", "input", "output", "dtype", "bytes", "kind")))
     b = acc.per_token().to_json()
     call = a.call
@@ -107,6 +117,7 @@ def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
 
 def cmd_inspect(args) -> int:
     analyses = load_for_cli(args.path, args)
+    check_shape_names(args, *(a.program for a in analyses))
     if args.csv:  # several functions: one table with a leading function column
         several = len(analyses) > 1
         rows = [{"function": a.function, **r} if several else r for a in analyses for r in a.account.op_rows()]

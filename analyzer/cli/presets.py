@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 from analyzer import fmt
+from analyzer.model.sources import list_presets
 
 
 def add_parser(sub) -> None:
@@ -14,10 +16,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_presets(args) -> int:
-    from dataclasses import asdict
-
-    from analyzer.model.sources import list_presets
-
     presets = list_presets()
     if args.json:
         print(json.dumps([asdict(p) for p in presets]))

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from analyzer.device.bandwidth import (
+from analyzer.device.bandwidth_model import (
     BandwidthAssumption,
     check_bytes,
     check_tok,

@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 
 from analyzer import fmt
-from analyzer.device.bandwidth import (
+from analyzer.device.bandwidth_model import (
     BW_RANGE_BYTES_PER_S,
     DEFAULT_BANDWIDTH_PRESET,
     DEFAULT_MAX_RESIDUAL_PCT,

@@ -9,9 +9,9 @@ kinds, never mixed up in a label, for each of the two figures:
 ``datasheet``  the SoC's peak DRAM bandwidth as the vendor announced it ("up to"); no engine reaches it alone
 ``assumed``    a model constant somebody chose (the write-up's 55,900 MB/s)
 
-The published figures live in ``examples/device_profiles.csv`` (one row per device and engine, each figure with
+The published figures live in ``analyzer/device/device_profiles.csv`` (one row per device and engine, each figure with
 its source, URL and the date it was read; see ``examples/README.md``); the write-up's constant comes from
-``analyzer.device.bandwidth.BANDWIDTH_PRESETS``. ``--profiles FILE`` reads another file of the same columns. The
+``analyzer.device.bandwidth_model.BANDWIDTH_PRESETS``. ``--profiles FILE`` reads another file of the same columns. The
 peak FLOP/s columns (``flops_per_s, flops_kind, flops_source, flops_url``) are optional: a file without them, or a
 row with ``flops_per_s`` empty, gives a profile with a bandwidth only (no compute roof).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from analyzer.device.bandwidth import BANDWIDTH_PRESETS, DEFAULT_BANDWIDTH_PRESET
+from analyzer.device.bandwidth_model import BANDWIDTH_PRESETS, DEFAULT_BANDWIDTH_PRESET
 from analyzer.errors import QfoldError
 
 ProfileKind = Literal["measured", "datasheet", "assumed"]
@@ -35,13 +35,12 @@ PROFILE_COLUMNS: tuple[str, ...] = ("key", "device", "unit", "kind", "bytes_per_
 # Optional: the engine's peak FLOP/s, with its own kind and source (a figure from another publication than the
 # bandwidth's).
 FLOPS_COLUMNS: tuple[str, ...] = ("flops_per_s", "flops_kind", "flops_source", "flops_url")
-EXAMPLE_PROFILES = Path(__file__).resolve().parents[2] / "examples" / "device_profiles.csv"
+EXAMPLE_PROFILES = Path(__file__).resolve().parent / "device_profiles.csv"  # package data: installed with qfold
 DEFAULT_PROFILE = DEFAULT_BANDWIDTH_PRESET.key
 
 
 class ProfileError(QfoldError):
     """A device-profile file or key cannot be used."""
-
 
 @dataclass(frozen=True, slots=True)
 class DeviceProfile:

@@ -4,7 +4,6 @@ A call moves ``bytes`` (the byte account, per call) and does ``FLOPs`` (the FLOP
 device's bandwidth BW and peak FLOP/s P (a :class:`~analyzer.device.profiles.DeviceProfile`, or numbers the user
 types), the roofline model (Williams, Waterman and Patterson, "Roofline: An Insightful Visual Performance Model
 for Multicore Architectures", CACM 52(4), 2009) bounds the time from below::
-
     time per call = max(bytes / BW, FLOPs / P)          bound = whichever term is larger
     operational intensity I = FLOPs / bytes              attainable FLOP/s = min(P, BW · I)
 
@@ -140,7 +139,6 @@ class TimeToFirstToken:
 def time_to_first_token(prompt_tokens: int, prefill: CallPrediction | None = None,
                         decode: CallPrediction | None = None) -> TimeToFirstToken:
     """Time to first token for a prompt: ⌈T / N⌉ prefill calls, else T decode calls (one token each)."""
-    from analyzer.model.prefill import prompt_calls
 
     via = prefill or decode
     if via is None:
@@ -194,3 +192,10 @@ def prefill_runs(summaries, prefill_analyses: dict[str, Analysis | None], roof: 
             round(call.bytes_per_call / call.tokens_per_call), s.mean_tok_per_s * per_token_flops, call.tok_per_s,
             call.bound, roof.flops_per_s))
     return tuple(out)
+
+
+def prompt_calls(prompt_tokens: int, q_len: int) -> int:
+    """Prefill calls a prompt of ``prompt_tokens`` needs at ``q_len`` tokens per call (the last one padded)."""
+    if prompt_tokens < 1 or q_len < 1:
+        raise ValueError(f"prompt of {prompt_tokens} tokens at q_len {q_len}: both must be at least 1")
+    return math.ceil(prompt_tokens / q_len)

@@ -2,17 +2,22 @@
 
 A sweep is the grid of ``SweepPoint`` s spanned by its dimensions (``DIMENSIONS``, one entry per axis: adding
 ``phase`` is one ``Dimension`` here plus its field on ``SweepPoint``). Each point is an ordinary build
-(``BuildSpec``, same content-hashed key as ``python -m analyzer build``), so a sweep and single builds share
+(``BuildSpec``, same content-hashed key as ``qfold build``), so a sweep and single builds share
 ``builds/``:
 
     driver                                  Ray worker (local in-process cluster, or --address)
     ──────                                  ──────────
     spec → points → BuildSpec (key)
     key already in builds/?  → "reused"
+    one graph at ≥ 4 ctx?    → 3 converted, the rest "derived" (below)
     else submit, memory = estimate    ──►   run_build(spec, <worker scratch>/<task>)   (child process)
                                       ◄──   analysis.json + build.log as text (no weights)
     write builds/<key>/ atomically          scratch folder (with the .mlpackage) removed
-    row: tiles, bytes_<category>, predicted tok/s
+    derived points: the affine law in ctx, proven on the third conversion → builds/.derived/<key>/
+    row: tiles, bytes_<category>, predicted tok/s (a derived row names the ctx it was derived from)
+
+Op structure does not change with ctx and every tensor size is affine in it, so a context sweep costs three
+conversions per graph and config regime, not one per point (``analyzer.device.sweep_derive``).
 
 Why the analysis travels back instead of the worker writing into the driver's ``builds/``: on a cluster the
 worker has no access to the driver's disk, and one code path for laptop and cluster is the point (the same sweep
@@ -31,28 +36,34 @@ worker runs on the driver's host), as ``run_build`` caches it for single builds.
 
 from __future__ import annotations
 
-import json
-import socket
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from analyzer.build.builds import BuildSpec, builds_dir, is_complete
-from analyzer.device.sweep_ray import RayOptions, build_on_worker, largest_node_memory, ray_session, store_analysis
+from analyzer.convert.compress import canonical_spec
+from analyzer.convert.launch import builds_dir, is_complete
+from analyzer.device.profiles import DEFAULT_PROFILE, get_profile
+from analyzer.device.sweep_derive import CtxSegment, derive_segment, plan_segments
+from analyzer.device.sweep_ray import RayBuilds, RayOptions, check_address
 from analyzer.device.sweep_spec import NO_COMPRESSION, SweepPoint, SweepSpec
 from analyzer.device.sweep_table import STATUSES, SweepRow, finished_row
 from analyzer.errors import QfoldError
+from analyzer.model.cost import estimate
+from analyzer.model.sources import STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
+from analyzer.model.spec import BuildSpec
 
 
-def build_memory_bytes(spec: BuildSpec) -> int:
-    """Peak memory one conversion of ``spec`` is expected to take: the Ray ``memory`` it reserves."""
-    from analyzer.model.cost import estimate
-    from analyzer.model.sources import load_config
+def build_memory_bytes(spec: BuildSpec, config: Any = None) -> int:
+    """Peak memory one conversion of ``spec`` is expected to take: the Ray ``memory`` it reserves. ``config``:
+    its source's transformers config, when the caller has it already."""
 
-    return estimate(load_config(spec.source), spec.ctx, spec.build_mode).peak_rss_bytes
+    config = config or load_config(spec.source)
+    return estimate(config, spec.ctx, spec.build_mode, spec.backend, spec.weights).peak_rss_bytes
 
 
 # ------------------------------------------------------------------------------------------------- the run
@@ -80,11 +91,17 @@ class SweepResult:
 
     @property
     def n_built(self) -> int:
+        """Conversions this run made."""
         return sum(r.status == "built" for r in self.rows)
 
     @property
     def n_reused(self) -> int:
         return sum(r.status == "reused" for r in self.rows)
+
+    @property
+    def n_derived(self) -> int:
+        """Points derived from converted points of the same graph (no conversion of their own)."""
+        return sum(r.status == "derived" for r in self.rows)
 
     @property
     def n_failed(self) -> int:
@@ -107,11 +124,10 @@ class _Plan:
 def plan_points(spec: SweepSpec, points: Sequence[SweepPoint]) -> list[_Plan]:
     """Resolve every point to a BuildSpec on the driver. A point that cannot be resolved (bad model, bad
     compression spec, ctx below the equivalence steps) becomes a failed row; the others are kept."""
-    from analyzer.build.compress import canonical_spec
-    from analyzer.model.sources import STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
 
     overrides = (list(STRUCTURE_OVERRIDES) if spec.structure else []) + list(spec.overrides)
     sources: dict[str, Any] = {}
+    configs: dict[str, Any] = {}  # one transformers config per model, not per point
     plans = []
     for point in points:
         row = SweepRow(point, "pending", structure=spec.structure, kv_mode=spec.kv_mode)
@@ -119,42 +135,35 @@ def plan_points(spec: SweepSpec, points: Sequence[SweepPoint]) -> list[_Plan]:
             if point.model not in sources:
                 try:
                     sources[point.model] = resolve_source(point.model, overrides, seed=spec.seed)
+                    configs[point.model] = load_config(sources[point.model])
                 except QfoldError as e:
                     sources[point.model] = e
             source = sources[point.model]
             if isinstance(source, QfoldError):
                 raise source
+            config = configs[point.model]
             compression = None
             if point.compression != NO_COMPRESSION:
-                compression = canonical_spec(point.compression, geometry_of(load_config(source)).num_layers)
+                compression = canonical_spec(point.compression, geometry_of(config).num_layers)
             build = BuildSpec(source, point.variant, spec.kv_mode, point.ctx, compression, spec.equivalence_steps,
                               point.phase, spec.q_len if point.phase == "prefill" else 1,
                               build_mode=spec.build_mode)
             plans.append(_Plan(replace(row, key=build.key, model_label=source.label), build,
-                               build_memory_bytes(build)))
+                               build_memory_bytes(build, config)))
         except QfoldError as e:
             plans.append(_Plan(replace(row, status="failed", error=str(e), stage="spec")))
     return plans
 
 
-def equivalence_groups(specs: Sequence[BuildSpec]) -> list[list[int]]:
-    """Indices of ``specs`` grouped by what the conversion's equivalence check depends on: everything in the
-    build's fingerprint but the variant, the compression and the build mode (``analyzer.build.equivalence``:
-    it runs on a reduced model of the same geometry)."""
-    groups: dict[str, list[int]] = {}
-    for i, spec in enumerate(specs):
-        fingerprint = {k: v for k, v in spec.fingerprint().items()
-                       if k not in ("variant", "compression", "build_mode")}
-        groups.setdefault(json.dumps(fingerprint, sort_keys=True), []).append(i)
-    return list(groups.values())
-
-
 def run_sweep(spec: SweepSpec, root: str | Path | None = None, *, points: Sequence[SweepPoint] | None = None,
               ray_options: RayOptions | None = None, profile=None,
               on_event: Callable[[SweepEvent], None] | None = None) -> SweepResult:
-    """Build every point not already in ``root`` (``--builds-dir`` / ``$QFOLD_BUILDS`` / ``builds/``) on Ray and
-    return one row per point. ``points`` defaults to the spec's grid (a caller may add or drop points)."""
-    from analyzer.device.profiles import DEFAULT_PROFILE, get_profile
+    """Build every point not already in ``root`` (``--builds-dir`` / ``$QFOLD_BUILDS`` / ``builds/``) and return one
+    row per point. ``points`` defaults to the spec's grid (a caller may add or drop points).
+
+    Points of one graph at four or more context lengths are not all converted (``analyzer.device.sweep_derive``):
+    three are converted on Ray, the others derived from them on the driver once they are done; a segment whose
+    law does not hold has its other points converted after all."""
 
     t0 = time.monotonic()
     ray_options = ray_options or RayOptions()
@@ -171,7 +180,7 @@ def run_sweep(spec: SweepSpec, root: str | Path | None = None, *, points: Sequen
         rows[i] = row
         emit(row)
 
-    todo = []
+    todo, complete = [], set()
     for i, plan in enumerate(plans):
         if plan.spec is None:
             continue
@@ -179,95 +188,66 @@ def run_sweep(spec: SweepSpec, root: str | Path | None = None, *, points: Sequen
         if is_complete(final):
             try:
                 settle(i, finished_row(replace(plan.row, status="reused"), final, profile))
+                complete.add(i)
             except (QfoldError, KeyError, ValueError) as e:
                 settle(i, replace(plan.row, status="failed", error=f"{final}: unreadable analysis ({e})"))
         else:
             todo.append(i)
-    reused = sum(r.status == "reused" for r in rows)
-    emit(message=f"{len(rows)} points: {reused} already built, {len(todo)} to build, "
+    specs = [p.spec for p in plans]
+    segments = plan_segments(specs, complete)
+    to_derive = {i for s in segments for i in s.derived}
+    for s in segments:
+        for i in s.derived:
+            rows[i] = replace(rows[i], stage=f"to derive from ctx {_ctx_list(specs, s.converted)}")
+    if ray_options.address and any(i not in to_derive for i in todo):
+        check_address(ray_options.address)  # a cluster that cannot work is said before anything is converted
+    emit(message=f"{len(rows)} points: {len(complete)} already built, {len(todo) - len(to_derive)} to convert, "
+                 f"{len(to_derive)} to derive from converted points (affine in ctx), "
                  f"{sum(r.status == 'failed' for r in rows)} invalid")
-    if not todo:
-        return SweepResult(tuple(rows), root, False, time.monotonic() - t0)
-
-    root.mkdir(parents=True, exist_ok=True)
-    equivalence = root / ".equivalence"
-    equivalence.mkdir(exist_ok=True)
-    with ray_session(ray_options) as ray:
-        from ray.util.queue import Queue
-
-        capacity = largest_node_memory(ray)
-        task = ray.remote(num_cpus=1, max_retries=0)(build_on_worker)
-        queue = Queue(actor_options={"num_cpus": 0})
-        where = ray_options.address or f"local Ray, {int(ray.cluster_resources().get('CPU', 0))} CPUs"
-        emit(message=f"building {len(todo)} points on {where}")
-        pending: dict[Any, int] = {}
-
-        def submit(i: int) -> None:
-            plan = plans[i]
-            memory = plan.memory_bytes
-            if capacity and memory > capacity:
-                emit(message=f"{plan.row.point.describe()}: needs ~{memory / 1e9:.1f} GB, more than the largest "
-                             f"node's {capacity / 1e9:.1f} GB schedulable memory; it takes a whole node")
-                memory = capacity
-            payload = {**plan.spec.to_json(), "_point": i}
-            ref = task.options(memory=memory).remote(payload, socket.gethostname(), str(equivalence), queue)
-            pending[ref] = i
-            rows[i] = replace(plan.row, memory_bytes=plan.memory_bytes, stage="queued")
-
-        # The first point of each equivalence group goes first; the rest follow when it is done, so the torch
-        # equivalence check (shared by every variant and compression of a source, KV mode and ctx) runs once.
-        followers: dict[int, list[int]] = {}
-        for group in equivalence_groups([plans[i].spec for i in todo]):
-            leader, *rest = (todo[j] for j in group)
-            followers[leader] = rest
-            submit(leader)
-        emit(message="submitted")
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-            while not queue.empty():
-                try:
-                    i, _fraction, stage, message = queue.get_nowait()
-                except Exception:
-                    break
-                if rows[i].status in ("pending", "running"):
-                    settle(i, replace(rows[i], status="running", stage=f"{stage}: {message}"[:200]))
-            for ref in ready:
-                i = pending.pop(ref)
-                settle(i, _collect(ray, ref, rows[i], root, profile))
-                for j in followers.pop(i, ()):
-                    submit(j)
-        try:
-            ray.kill(queue.actor)
-        except Exception:
-            pass
-    return SweepResult(tuple(rows), root, True, time.monotonic() - t0)
+    with RayBuilds(plans, rows, root, profile, ray_options, emit, settle) as ray_builds:
+        ray_builds.build([i for i in todo if i not in to_derive])
+        again: list[int] = []
+        for segment in segments:
+            again += _derive(segment, specs, rows, root, profile, emit, settle)
+        ray_builds.build(again)
+    return SweepResult(tuple(rows), root, ray_builds.used, time.monotonic() - t0)
 
 
-def _collect(ray, ref, row: SweepRow, root: Path, profile) -> SweepRow:
+def _ctx_list(specs, indices) -> str:
+    return ", ".join(str(specs[i].ctx) for i in indices)
+
+
+def _derive(segment: CtxSegment, specs, rows: list[SweepRow], root: Path, profile, emit, settle) -> list[int]:
+    """Derive a segment's points (settling their rows); returns the points to convert instead when its converted
+    points failed or the law does not hold on them."""
+    label = rows[segment.converted[0]].point
+    what = f"model={label.model} compression={label.compression} variant={label.variant} phase={label.phase}"
+    failed = [specs[i].ctx for i in segment.converted if not rows[i].ok]
+    if failed:
+        emit(message=f"{what}: ctx {', '.join(map(str, failed))} failed, so nothing is derived from it; converting "
+                     f"ctx {_ctx_list(specs, segment.derived)} instead")
+        return list(segment.derived)
     try:
-        out = ray.get(ref)
-    except Exception as e:  # RayTaskError, WorkerCrashedError, OutOfMemoryError: this point only
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return replace(row, status="failed", error=f"{type(e).__name__}: {first}"[:500], stage="ray")
-    row = replace(row, host=out.get("host", ""), seconds=float(out.get("seconds", 0.0)))
-    if "error" in out:
-        return replace(row, status="failed", error=out["error"], stage="build")
-    try:
-        final = store_analysis(root, row.key, out["analysis"], out["log"])
-        return finished_row(replace(row, status="built"), final, profile)
-    except (QfoldError, OSError, KeyError, ValueError) as e:
-        return replace(row, status="failed", error=str(e), stage="store")
+        derived = derive_segment(segment, specs, root)
+    except QfoldError as e:
+        emit(message=f"{what}: not derived ({e}); converting ctx {_ctx_list(specs, segment.derived)} instead")
+        return list(segment.derived)
+    made_from = tuple(specs[i].ctx for i in segment.converted)
+    for i, (analysis, path, seconds) in derived.items():
+        row = replace(rows[i], status="derived", derived_from_ctx=made_from, seconds=seconds)
+        settle(i, finished_row(row, path, profile, analysis))
+    return []
 
 
 def describe_progress(event: SweepEvent, width: int = 24) -> str:
     """One stderr line: a bar over the finished points, the counts, and what changed."""
     c = event.counts()
     n = len(event.rows)
-    done = c["built"] + c["reused"] + c["failed"]
+    done = c["built"] + c["reused"] + c["derived"] + c["failed"]
     filled = round(width * done / n) if n else width
     bar = "#" * filled + "." * (width - filled)
-    head = (f"[{bar}] {done}/{n} · {c['built']} built, {c['reused']} reused, {c['failed']} failed, "
-            f"{c['running']} running")
+    head = (f"[{bar}] {done}/{n} · {c['built']} built, {c['reused']} reused, {c['derived']} derived, "
+            f"{c['failed']} failed, {c['running']} running")
     if event.row is not None:
         r = event.row
         tail = r.status if r.status != "running" else r.stage
@@ -275,6 +255,9 @@ def describe_progress(event: SweepEvent, width: int = 24) -> str:
             tail = f"FAILED: {r.error}"
         elif r.status == "built":
             tail = f"built in {r.seconds:.0f} s"
+        elif r.status == "derived":
+            a, b, check = r.derived_from_ctx
+            tail = f"derived from ctx {a} and {b} (law checked at ctx {check}) in {r.seconds:.2f} s"
         return f"{head} | {r.point.describe()}: {tail}"
     return f"{head} | {event.message}"
 
@@ -295,8 +278,6 @@ class SweepJob:
 
     def __init__(self, spec: SweepSpec, root: str | Path | None = None, *, ray_options: RayOptions | None = None,
                  profile=None) -> None:
-        import threading
-        import uuid
 
         self.id = uuid.uuid4().hex[:8]
         self.spec = spec

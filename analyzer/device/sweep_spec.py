@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,14 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.errors import QfoldError
+from analyzer.fsio import IntegerTooLongError, check_structure, loads_strict, read_bytes_bounded
+from analyzer.model.sources import DEFAULT_PRESET
+from analyzer.model.spec import ANALYSIS_MODE, DEFAULT_Q_LEN, PHASES
+from analyzer.model.variants import VARIANTS
 
 NO_COMPRESSION = "none"
+# Every point is a conversion (seconds to minutes each): a grid past a thousand points is a typo, not a plan.
+DEFAULT_MAX_POINTS = 1_000
+MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_DEPTH = 8  # keys → a list of values
 TABLE_SUFFIXES: tuple[str, ...] = (".csv", ".json", ".parquet")
 
 
 class SweepError(QfoldError):
     """A sweep spec, table or run cannot be used as given."""
-
 
 # ------------------------------------------------------------------------------------------------- dimensions
 def _split_commas(values: Sequence[str]) -> list[str]:
@@ -29,15 +38,14 @@ def _split_commas(values: Sequence[str]) -> list[str]:
 def _parse_ctx(values: Sequence[Any]) -> tuple[int, ...]:
     out = []
     for v in _split_commas([str(x) for x in values]):
-        if not v.isdigit() or int(v) < 1:
-            raise SweepError(f"ctx {v!r}: a context length is a positive integer")
+        if not re.fullmatch(r"[0-9]{1,9}", v) or int(v) < 1:  # ASCII digits, bounded: never a 4,300-digit int()
+            raise SweepError(f"ctx {v[:20]!r}{'…' if len(v) > 20 else ''}: a context length is a positive integer "
+                             "(at most 9 digits)")
         out.append(int(v))
     return tuple(out)
 
 
 def _parse_variant(values: Sequence[Any]) -> tuple[str, ...]:
-    from analyzer.model.variants import VARIANTS
-
     out = tuple(_split_commas([str(x) for x in values]))
     for v in out:
         if v not in VARIANTS:
@@ -46,8 +54,6 @@ def _parse_variant(values: Sequence[Any]) -> tuple[str, ...]:
 
 
 def _parse_phase(values: Sequence[Any]) -> tuple[str, ...]:
-    from analyzer.model.prefill import PHASES
-
     out = tuple(_split_commas([str(x) for x in values]))
     for v in out:
         if v not in PHASES:
@@ -76,8 +82,6 @@ class Dimension:
 
 
 def _default_model() -> tuple[str, ...]:
-    from analyzer.model.sources import DEFAULT_PRESET
-
     return (DEFAULT_PRESET,)
 
 
@@ -119,14 +123,21 @@ class SweepSpec:
     seed: int = 0
     equivalence_steps: int = 8
     device: str = ""  # device profile key for predicted_tok_per_s ("" = the default profile)
-    q_len: int = 64  # prompt tokens per call of a prefill point (analyzer.model.prefill.DEFAULT_Q_LEN)
+    q_len: int = DEFAULT_Q_LEN  # prompt tokens per call of a prefill point
     # analysis (value-free weights, no package: a sweep keeps no package anyway) or materialised
-    build_mode: str = "analysis"
+    build_mode: str = ANALYSIS_MODE
 
     def values(self, name: str) -> tuple[Any, ...]:
         return dict(self.axes)[name]
 
-    def points(self) -> tuple[SweepPoint, ...]:
+    @property
+    def point_count(self) -> int:
+        """Cells of the grid (the product of the axes' lengths), known before any point is made."""
+        return math.prod(len(self.values(n)) for n in DIMENSION_NAMES)
+
+    def points(self, max_points: int = DEFAULT_MAX_POINTS) -> tuple[SweepPoint, ...]:
+        """Every cell of the grid; a grid of more than ``max_points`` cells is refused with both numbers."""
+        check_point_count(self, max_points)
         combos = itertools.product(*(self.values(n) for n in DIMENSION_NAMES))
         return tuple(dict.fromkeys(SweepPoint(**dict(zip(DIMENSION_NAMES, c, strict=True))) for c in combos))
 
@@ -134,6 +145,15 @@ class SweepSpec:
         return {**{n: list(v) for n, v in self.axes}, "structure": self.structure, "set": list(self.overrides),
                 "kv": self.kv_mode, "seed": self.seed, "steps": self.equivalence_steps, "device": self.device,
                 "q_len": self.q_len, "mode": self.build_mode}
+
+
+def check_point_count(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> int:
+    n = spec.point_count
+    if n > max_points:
+        sizes = " × ".join(f"{len(spec.values(d))} {d}" for d in DIMENSION_NAMES)
+        raise SweepError(f"the sweep has {n:,} points ({sizes}), more than the cap of {max_points:,}; "
+                         "give fewer values or raise the cap (--max-points)")
+    return n
 
 
 OPTION_KEYS: Mapping[str, str] = {"structure": "structure", "set": "overrides", "kv": "kv_mode", "seed": "seed",
@@ -188,19 +208,29 @@ def read_spec_file(path: str | Path) -> tuple[SweepSpec, str | None]:
         out = "sweep.csv"
     """
     p = Path(path)
+    if p.suffix not in (".toml", ".json"):
+        raise SweepError(f"{p}: a sweep spec is a .toml or .json file")
+    raw = read_bytes_bounded(p, MAX_SPEC_BYTES, SweepError)  # a regular file (a FIFO would hang), size first
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SweepError(f"{p}: cannot read the sweep spec ({e})") from e
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SweepError(f"{p}: not UTF-8 text (byte {e.start})") from e
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(text)
-        elif p.suffix == ".json":
-            data = json.loads(text)
+            check_structure(data, str(p), MAX_SPEC_DEPTH, SweepError)
         else:
-            raise SweepError(f"{p}: a sweep spec is a .toml or .json file")
+            data = loads_strict(text, str(p), MAX_SPEC_DEPTH, SweepError)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise SweepError(f"{p}: not valid {p.suffix[1:].upper()} ({e})") from e
+    except RecursionError:
+        raise SweepError(f"{p}: nested deeper than {MAX_SPEC_DEPTH} levels") from None
+    except SweepError:
+        raise
+    except ValueError as e:  # tomllib: an integer past Python's 4,300-digit limit (its advice is not ours to give)
+        digits = re.search(r"value has (\d+) digits", str(e))
+        too_long = str(IntegerTooLongError(int(digits[1]))) if digits else "an integer of more than 4,300 digits"
+        raise SweepError(f"{p}: {too_long}") from None
     if not isinstance(data, dict):
         raise SweepError(f"{p}: a sweep spec is a table/object of keys {', '.join(SPEC_KEYS)}")
     try:

@@ -1,8 +1,14 @@
 """A sweep's table: one ``SweepRow`` per point (spec, build key, status, tiles, ``bytes_<category>``, FLOPs where
-the analysis has them, predicted tok/s for a device profile), written and read as CSV, JSON or Parquet."""
+the analysis has them, predicted tok/s for a device profile), written and read as CSV, JSON or Parquet.
+
+A row's ``status`` says where its figures come from: ``built`` (converted by this run), ``reused`` (a conversion
+already in builds/), ``derived`` (from converted points of the same graph by the affine law in ctx,
+``analyzer.device.sweep_derive``; ``derived_from_ctx`` names them: the two it was derived from, then the one that
+checked the law), or ``failed``."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -10,11 +16,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from analyzer.device.sweep_spec import DIMENSION_NAMES, TABLE_SUFFIXES, SweepError, SweepPoint
-from analyzer.graph.accounting import CATEGORIES
+import pandas as pd
+import pyarrow  # noqa: F401  (pandas' Parquet engine for --out .parquet; pinned in requirements.txt)
 
-Status = Literal["pending", "running", "built", "reused", "failed"]
-STATUSES: tuple[str, ...] = ("pending", "running", "built", "reused", "failed")
+from analyzer.device.bandwidth_model import predicted_tok_per_s
+from analyzer.device.roofline import Roof, predict
+from analyzer.device.sweep_spec import DIMENSION_NAMES, TABLE_SUFFIXES, SweepError, SweepPoint
+from analyzer.fmt import to_csv
+from analyzer.fsio import read_bytes_bounded
+from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.flop_account import FLOP_CATEGORIES
+from analyzer.graph.record import Analysis, load_analysis
+
+Status = Literal["pending", "running", "built", "reused", "derived", "failed"]
+STATUSES: tuple[str, ...] = ("pending", "running", "built", "reused", "derived", "failed")
+FINISHED: tuple[str, ...] = ("built", "reused", "derived")  # a row with figures
 
 
 def check_table_path(path: str | Path) -> Path:
@@ -22,11 +38,6 @@ def check_table_path(path: str | Path) -> Path:
     p = Path(path)
     if p.suffix not in TABLE_SUFFIXES:
         raise SweepError(f"--out {p}: the table is written as {', '.join(TABLE_SUFFIXES)} (by suffix)")
-    if p.suffix == ".parquet":
-        try:
-            import pyarrow  # noqa: F401  (pandas' Parquet engine; not a qfold requirement)
-        except ImportError as e:
-            raise SweepError(f"--out {p}: Parquet needs pyarrow, which is not installed; use .csv or .json") from e
     if p.parent and not p.parent.exists():
         raise SweepError(f"--out {p}: folder {p.parent} does not exist")
     return p
@@ -61,10 +72,18 @@ class SweepRow:
     roofline_tok_per_s: float | None = None  # max(bytes/BW, FLOPs/peak) when the profile has a peak FLOP/s
     bound: str = ""  # "memory" | "compute" (roofline), "" without a peak FLOP/s
     stage: str = ""
+    # a derived row: the ctx of the converted points of the same graph it was derived from (the law's two points,
+    # then the point that checked it); () for a converted row
+    derived_from_ctx: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.status in ("built", "reused")
+        return self.status in FINISHED
+
+    @property
+    def derived_from_text(self) -> str:
+        """``"512,1024,32768"``: the table cell of ``derived_from_ctx`` ("" for a converted row)."""
+        return ",".join(map(str, self.derived_from_ctx))
 
     def bytes_of(self, category: str) -> int | None:
         return dict(self.bytes).get(category)
@@ -72,8 +91,8 @@ class SweepRow:
     def record(self) -> dict[str, Any]:
         """The table row: dimensions first, then the build, then the figures."""
         out: dict[str, Any] = {n: getattr(self.point, n) for n in DIMENSION_NAMES}
-        out.update(key=self.key, status=self.status, tile_count=self.tile_count, total_ops=self.total_ops,
-                   non_const_ops=self.non_const_ops)
+        out.update(key=self.key, status=self.status, derived_from_ctx=self.derived_from_text,
+                   tile_count=self.tile_count, total_ops=self.total_ops, non_const_ops=self.non_const_ops)
         for c in (*CATEGORIES, "total", "kv_write_value_semantics"):
             out[f"bytes_{c}"] = self.bytes_of(c)
         for c, v in self.flops:
@@ -95,9 +114,6 @@ def table_columns(rows: Sequence[SweepRow]) -> list[str]:
 
 def write_table(rows: Sequence[SweepRow], path: str | Path) -> Path:
     """CSV (formula cells escaped), JSON (a list of records) or Parquet, by suffix; written atomically."""
-    import pandas as pd
-
-    from analyzer.fmt import to_csv
 
     p = check_table_path(path)
     columns = table_columns(rows)
@@ -113,15 +129,17 @@ def write_table(rows: Sequence[SweepRow], path: str | Path) -> Path:
     return p
 
 
+MAX_TABLE_BYTES = 64 << 20  # a 10,000-point sweep's CSV is ~5 MB
+
+
 def read_table(path: str | Path, data: bytes | None = None):
     """A sweep table (CSV, JSON or Parquet) → DataFrame; checks the contract columns are there."""
-    import io
-
-    import pandas as pd
 
     p = Path(path)
+    if data is None:  # a regular file of bounded size (a FIFO would hang the reader)
+        data = read_bytes_bounded(p, MAX_TABLE_BYTES, SweepError)
     try:
-        raw = io.BytesIO(data) if data is not None else p
+        raw = io.BytesIO(data)
         if p.suffix == ".csv":
             frame = pd.read_csv(raw, keep_default_na=True)
         elif p.suffix == ".json":
@@ -130,8 +148,8 @@ def read_table(path: str | Path, data: bytes | None = None):
             frame = pd.read_parquet(raw)
         else:
             raise SweepError(f"{p}: a sweep table is .csv, .json or .parquet")
-    except (OSError, ValueError) as e:
-        raise SweepError(f"{p}: cannot read the sweep table ({e})") from e
+    except (OSError, ValueError, RecursionError) as e:
+        raise SweepError(f"{p}: cannot read the sweep table ({str(e).splitlines()[0] if str(e) else e!r})") from e
     if "phase" not in frame.columns and "ctx" in frame.columns:  # a table from before the phase: all decode
         frame.insert(list(frame.columns).index("ctx") + 1, "phase", "decode")
     need = [*DIMENSION_NAMES, "key", "status", "tile_count", *(f"bytes_{c}" for c in (*CATEGORIES, "total"))]
@@ -142,16 +160,13 @@ def read_table(path: str | Path, data: bytes | None = None):
 
 
 # ------------------------------------------------------------------------------------------------- analysis → row
-def finished_row(row: SweepRow, path: Path, profile) -> SweepRow:
+def finished_row(row: SweepRow, path: Path, profile, analysis: Analysis | None = None) -> SweepRow:
     """A built point's row: tiles, ops, bytes per call by category, FLOPs per token by category (this version's
     rules), and the predicted tok/s on ``profile``: the memory roof always, the roofline where the profile has a
-    peak FLOP/s (prefill is compute-bound where decode is not)."""
-    from analyzer.device.bandwidth import predicted_tok_per_s
-    from analyzer.device.roofline import Roof, predict
-    from analyzer.graph.flop_account import FLOP_CATEGORIES
-    from analyzer.graph.record import load_analysis
+    peak FLOP/s (prefill is compute-bound where decode is not). ``analysis``: the one stored at ``path``, when the
+    caller holds it already."""
 
-    analysis = load_analysis(path)
+    analysis = load_analysis(path) if analysis is None else analysis
     s, b, per_token = analysis.summary, analysis.bytes_per_token, analysis.flops.per_token()
     tokens = analysis.call.tokens_per_call
     total = b.total

@@ -35,7 +35,7 @@ from analyzer.graph.byte_account import (
     WeightCharge,
 )
 from analyzer.graph.byte_rules import ATTRIBUTE_PARAMS, COMPUTE_OPS, RULES, ByteContext, ByteRule, ComputeRule
-from analyzer.graph.program import MilProgram, OpRecord
+from analyzer.graph.mil_records import MilProgram, OpRecord
 
 __all__ = ["ATTRIBUTE_PARAMS", "CATEGORIES", "COMPUTE_OPS", "DEFAULT_WEIGHT_CHARGE", "OP_COLUMNS", "RULES",
            "WEIGHT_CHARGES", "ByteAccount", "ByteContext", "ByteRule", "BytesPerToken", "LayerBytes", "OpBytes",
@@ -62,7 +62,7 @@ def account(program: MilProgram, weight_charge: WeightCharge = DEFAULT_WEIGHT_CH
     unruled: set[str] = set()
     unsized: list[UnsizedTensor] = []
     for op in program.ops:
-        rule = RULES.get(op.type)
+        rule = RULES.get(op.kind)
         if rule is None:
             unruled.add(op.type)
             rule = ComputeRule

@@ -4,94 +4,13 @@ tool has none of it (``Analysis.build`` is None)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from analyzer.errors import AnalysisFileError
-from analyzer.graph.jsonfields import Field
-from analyzer.model.equivalence import EquivalenceReport, PairResult, ReferenceCheck
-from analyzer.model.prefill import BUILD_PHASES, MULTIFUNCTION_PHASE, PHASES
-from analyzer.model.sources import AttentionGeometry, ModelSource, WeightFile
-
-SOURCE_KINDS = ("preset", "config", "folder")
-# analyzer.build.builds.BUILD_MODES names and explains them (graph does not import build)
-BUILD_MODES = ("analysis", "materialised")
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSpec:
-    """What a build was made from (``analyzer.build.builds.BuildSpec`` is the live form that converts)."""
-
-    source: ModelSource
-    variant: str
-    kv_mode: str
-    ctx: int
-    compression: str | None  # canonical compression spec; None = fp16
-    equivalence_steps: int
-    extra: dict[str, Any] = field(default_factory=dict)  # fields a newer qfold wrote, kept as written
-    phase: str = "decode"  # "decode" | "prefill" | "decode+prefill" (analyzer.model.prefill.BUILD_PHASES)
-    q_len: int = 1  # query rows per prefill call; 1 for a decode build
-    # "analysis" (value-free weights, no package) | "materialised" (weights with values, a package); documents
-    # written before build modes existed were all materialised (analyzer.build.builds.BUILD_MODES)
-    build_mode: str = "materialised"
-
-    def to_json(self) -> dict[str, Any]:
-        s = self.source
-        return {
-            "source": {"kind": s.kind, "ref": s.ref, "label": s.label, "overrides": list(s.overrides),
-                       "fingerprint": s.fingerprint()},
-            "variant": self.variant,
-            "kv_mode": self.kv_mode,
-            "ctx": self.ctx,
-            "compression": self.compression,
-            "equivalence_steps": self.equivalence_steps,
-            **({} if self.phase == "decode" else {"phase": self.phase, "q_len": self.q_len}),
-            "build_mode": self.build_mode,
-            **self.extra,
-        }
-
-    @classmethod
-    def from_json(cls, f: Field) -> StoredSpec:
-        src = f["source"]
-        kind = src["kind"].str()
-        if kind not in SOURCE_KINDS:
-            src["kind"].fail(f"expected one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
-        fp = src["fingerprint"]
-        config = fp["config"]
-        config.dict()
-        weights = tuple(WeightFile(w[0].str(), w[1].count(), w[2].str())
-                        for w in (x.list(3) for x in fp["weights"].list()))
-        seed = fp["seed"].opt_int()
-        source = ModelSource(kind=kind, ref=src["ref"].str(), label=src["label"].str(),  # type: ignore[arg-type]
-                             config_json=json.dumps(config.value, sort_keys=True), overrides=src["overrides"].strs(),
-                             weights=weights, seed=seed if seed is not None else 0)
-        known = ("source", "variant", "kv_mode", "ctx", "compression", "equivalence_steps", "phase", "q_len",
-                 "build_mode")
-        build_mode = f["build_mode"].str() if f.get("build_mode") is not None else "materialised"  # schema ≤ 2
-        if build_mode not in BUILD_MODES:
-            f["build_mode"].fail(f"expected one of {', '.join(BUILD_MODES)}, got {build_mode!r}")
-        phase = f["phase"].str() if f.get("phase") is not None else "decode"
-        if phase not in BUILD_PHASES:
-            f["phase"].fail(f"expected one of {', '.join(BUILD_PHASES)}, got {phase!r}")
-        q_len = f["q_len"].count() if f.get("q_len") is not None else 1
-        return cls(source, f["variant"].str(), f["kv_mode"].str(), f["ctx"].count(), f["compression"].opt_str(),
-                   f["equivalence_steps"].count(), {k: v.value for k, v in f.dict().items() if k not in known},
-                   phase, q_len, build_mode)
-
-    def phase_of(self, function: str) -> str:
-        """What one function of the build does per call: a ``decode+prefill`` package names its functions after
-        their phases; a single-phase build's one function does the build's phase."""
-        if self.phase != MULTIFUNCTION_PHASE:
-            return self.phase
-        if function not in PHASES:
-            raise AnalysisFileError(f"a {MULTIFUNCTION_PHASE} build has functions {', '.join(PHASES)}, "
-                                    f"not {function!r}")
-        return function
-
-    def q_len_of(self, function: str) -> int:
-        """Query rows (tokens) per call of one function: ``q_len`` for the prefill function, 1 for decode."""
-        return self.q_len if self.phase_of(function) == "prefill" else 1
+from analyzer.jsonfields import Field
+from analyzer.model.equivalence_records import EquivalenceReport, PairResult, ReferenceCheck
+from analyzer.model.sources import AttentionGeometry
+from analyzer.model.spec import PHASES, BuildSpec
 
 
 def geometry_json(g: AttentionGeometry) -> dict[str, Any]:
@@ -131,7 +50,7 @@ def equivalence_from_json(f: Field) -> EquivalenceReport:
                              reference, phase, q_len)
 
 
-# What a build's equivalence checks compare (analyzer.build.equivalence makes them).
+# What a build's equivalence checks compare (analyzer.convert.checks makes them).
 CHECK_KINDS: dict[str, str] = {
     "torch_variants": "torch vs torch",
     "interpreter_vs_torch": "MIL interpreter vs torch",
@@ -198,7 +117,7 @@ BUILD_KEYS = ("key", "created", "spec", "geometry", "versions", "timings", "peak
 class BuildInfo:
     key: str
     created: str  # ISO 8601, UTC, to the second
-    spec: StoredSpec
+    spec: BuildSpec
     geometry: AttentionGeometry
     versions: dict[str, str]  # package → version (qfold, torch, coremltools, transformers, numpy)
     timings_s: dict[str, float]  # stage → seconds (build_model_s, convert_s, ..., total_s)
@@ -241,7 +160,7 @@ class BuildInfo:
         return cls(
             key=f["key"].str(),
             created=f["created"].str(),
-            spec=StoredSpec.from_json(f["spec"]),
+            spec=BuildSpec.from_json(f["spec"]),
             geometry=geometry_from_json(f["geometry"]),
             versions={k: v.str() for k, v in f["versions"].dict().items()},
             timings_s={k: _seconds(v) for k, v in f["timings"].dict().items()},

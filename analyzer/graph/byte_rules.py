@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from analyzer.graph.byte_account import CATEGORIES, DEFAULT_WEIGHT_CHARGE, OpBytes, WeightCharge
-from analyzer.graph.program import VIEW_OPS, InputRef, MilProgram, OpRecord
+from analyzer.graph.mil_records import VIEW_OPS, InputRef, MilProgram, OpRecord
 
 # Parameters that are attributes of the op rather than data it streams (MIL op definitions, coremltools
 # 9.0 ``mil/ops/defs``). ``alpha`` and ``beta`` are not among them: as scalars (``leaky_relu``, ``elu``,
@@ -29,6 +29,7 @@ ATTRIBUTE_PARAMS = frozenset({
     "split_sizes", "num_splits", "size", "lower_bound", "upper_bound", "reverse",
     "exclusive", "k", "ascending", "sort", "return_indices", "output_dtype", "block_size",
     "align_corners", "sampling_mode", "coordinates_mode", "padding_mode", "max_val", "min_val",
+    "dim_sizes",  # Core AI broadcast_in_dims(input, dim_sizes, axes): the sizes the axes are broadcast to
 })
 # Program inputs that are a KV cache when it is passed in (``--kv input``) rather than held as state.
 _KV_INPUT = re.compile(r"(?:^|_)(?:k|v|key|value|keys|values)_?cache|past_key|past_value", re.IGNORECASE)
@@ -61,7 +62,7 @@ class ByteContext:
         if ref.producer is None:  # an inline value
             return ref.stored_bytes if ref.is_const and len(ref.tensor.shape) > 0 else 0
         producer = self.op(ref.producer)
-        if producer.type == "const":
+        if producer.kind == "const":
             if producer.const_zero or len(ref.tensor.shape) == 0 or ref.tensor.dtype == "string":
                 return 0
             return producer.const_bytes
@@ -165,7 +166,7 @@ class ViewRule(ByteRule):
 
     @classmethod
     def origin(cls, op, ctx):
-        if op.type == "read_state":
+        if op.kind == "read_state":
             return "kv"
         src = next((r for r in op.inputs if r.param in ("x", "input") and not r.is_const), None)
         return ctx.source_kind(src) if src is not None else "act"
@@ -187,10 +188,11 @@ class WriteStateRule(ByteRule):
         return _op_bytes(op, cls.name, _empty())
 
 
-@register_rule("cond", "while_loop")
+@register_rule("cond", "while_loop", "coreai.invoke", "coreai.create_token")
 class ControlFlowRule(ByteRule):
     """``cond`` and ``while_loop`` hold nested blocks whose ops are accounted one by one (once each: a loop's
-    trip count is not in the graph); the control-flow op itself moves nothing of its own."""
+    trip count is not in the graph); the control-flow op itself moves nothing of its own. So does a Core AI
+    ``invoke`` (the walker inlines the called graph's ops per call) and ``create_token`` (orders state accesses)."""
 
     name = "control_flow"
 

@@ -8,7 +8,7 @@ layer i, ``mlp``/``feed_forward``/``ffn``/``block_sparse_moe``/``moe`` → ffn o
 is the embedding and one read by a ``linear`` and named ``lm_head``/``embed_out`` (or the embedding
 itself, when tied) is the lm_head. Only consts read as a ``linear``/``conv`` weight, a ``matmul`` operand
 or a ``gather`` table are weights: norm scales and biases are never compressed. The same rule decides
-which weights a compression plan compresses (``analyzer.build.compress.apply``).
+which weights a compression plan compresses (``analyzer.convert.compress.apply``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from analyzer import fmt
 from analyzer.graph.byte_rules import ByteContext
-from analyzer.graph.program import MilProgram, OpRecord
+from analyzer.graph.mil_records import MilProgram, OpRecord
 
 # Consumers whose const input is a weight matrix (param names from the MIL op definitions).
 WEIGHT_PARAMS: dict[str, frozenset[str]] = {
@@ -177,17 +177,17 @@ def compression_report(program: MilProgram) -> CompressionReport:
     consumers = program.consumers()
     seen: dict[str, StoredWeight] = {}
     for op in ops:
-        if op.type == "const" or op.type.startswith("constexpr_"):
+        if op.kind == "const" or op.type.startswith("constexpr_"):
             continue
         for ref in op.inputs:
             if ref.producer is None or ref.tensor.name in seen:
                 continue
             producer = ops[ref.producer]
             compressed = producer.type.startswith("constexpr_")
-            if not compressed and (producer.type != "const" or ref.param not in WEIGHT_PARAMS.get(op.type, ())
+            if not compressed and (producer.kind != "const" or ref.param not in WEIGHT_PARAMS.get(op.kind, ())
                                    or len(ref.tensor.shape) < 2):
                 continue
-            readers = tuple(sorted({ops[c].type for c in consumers[producer.index]}))
+            readers = tuple(sorted({ops[c].kind for c in consumers[producer.index]}))
             where = weight_part(ref.tensor.name, readers)
             parts, layer = where if where is not None else (("other",), None)
             chain = [producer]

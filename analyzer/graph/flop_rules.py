@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from analyzer.graph.compression import weight_part
-from analyzer.graph.program import VIEW_OPS, InputRef, MilProgram, OpRecord
+from analyzer.graph.layer_order import projection_ops
+from analyzer.graph.mil_records import VIEW_OPS, InputRef, MilProgram, OpRecord
 
 # weight_part's parts → FLOP categories
 _PART_CATEGORY = {"attn": "projections", "ffn": "ffn", "lm_head": "lm_head", "embed": "lm_head"}
@@ -29,6 +30,7 @@ class FlopContext:
     consumers: dict[int, list[int]] = field(default_factory=dict)
     unsized: list[str] = field(default_factory=list)
     estimated: list[str] = field(default_factory=list)
+    projections: set[int] | None = None  # ops projecting into or out of attention, found when first asked
 
     def op(self, index: int) -> OpRecord:
         return self.program.ops[index]
@@ -36,7 +38,23 @@ class FlopContext:
     def is_weight(self, ref: InputRef) -> bool:
         if ref.is_const:
             return True
+        if ref.producer is not None and self.program.backend == "coreai":  # Core AI transposes weights per call
+            return self._weight_source(ref) is not None
         return ref.producer is not None and self.op(ref.producer).type.startswith("constexpr_")
+
+    def _weight_source(self, ref: InputRef, hops: int = 0) -> InputRef | None:
+        """A Core AI constant seen through the transposes, reshapes and casts the program applies to it."""
+        if ref.is_const or hops > _MAX_HOPS:
+            return ref if ref.is_const else None
+        producer = self.op(ref.producer) if ref.producer is not None else None
+        if producer is None or producer.kind not in ("transpose", "cast", *VIEW_OPS):
+            return None
+        x = next((r for r in producer.inputs if r.param == "x"), None)
+        return None if x is None else self._weight_source(x, hops + 1)
+
+    def weight_name(self, ref: InputRef) -> str:
+        source = self._weight_source(ref) if self.program.backend == "coreai" else None
+        return (source or ref).tensor.name
 
     def is_zero(self, ref: InputRef) -> bool:
         return ref.producer is not None and self.op(ref.producer).const_zero
@@ -46,7 +64,7 @@ class FlopContext:
         if hops > _MAX_HOPS:
             return False
         for c in self.consumers.get(index, ()):
-            t = self.op(c).type
+            t = self.op(c).kind
             if t == "softmax" or (t in _TO_SOFTMAX and self.reaches_softmax(c, hops + 1)):
                 return True
         return False
@@ -56,15 +74,25 @@ class FlopContext:
         if ref.producer is None or hops > _MAX_HOPS:
             return False
         producer = self.op(ref.producer)
-        if producer.type == "softmax":
+        if producer.kind == "softmax":
             return True
-        return producer.type in _FROM_SOFTMAX and any(
+        return producer.kind in _FROM_SOFTMAX and any(
             self.from_softmax(r, hops + 1) for r in producer.inputs if not r.is_const)
 
     def weight_category(self, op: OpRecord, ref: InputRef) -> str:
-        where = weight_part(ref.tensor.name, [op.type])
+        """By the weight's name; a name that says nothing (``conv_3_weight``): q/k/v/o projections by where the
+        op sits around attention (``layer_order.projection_ops``), a tied embedding's as lm_head, other weights
+        of a layer as ffn."""
+        where = weight_part(self.weight_name(ref), [op.kind])
         if where is None:
-            return "other"
+            if self.projections is None:
+                self.projections = projection_ops(self.program.ops)
+            tied = ref.producer is not None and any(self.op(c).type == "gather" for c in self.consumers[ref.producer])
+            if op.index in self.projections:
+                return "projections"
+            if tied:  # the embedding table read back as the output projection
+                return "lm_head"
+            return "ffn" if op.layer is not None else "other"
         parts, _ = where
         return _PART_CATEGORY.get(parts[-1], "other")
 
@@ -297,7 +325,7 @@ class ReductionRule(FlopRule):
         if n is None:
             ctx.unsized.append(op.name)
             return {}
-        return {"other": _REDUCTION_COST.get(op.type, 1) * n}
+        return {"other": _REDUCTION_COST.get(op.kind, 1) * n}
 
 
 @register_flop_rule("layer_norm", "instance_norm", "batch_norm", "l2_norm")
@@ -345,7 +373,7 @@ MOVEMENT_OPS = (
     "scatter", "scatter_along_axis", "scatter_nd", "tile", "concat", "split", "stack", "slice_by_index",
     "slice_by_size", "pad", "transpose", "cast", "fill", "fill_like", "shape", "range_1d", "reverse",
     "flatten2d", "one_hot", "sliding_windows", "cond", "while_loop", "topk", "argsort", "non_zero",
-    "non_maximum_suppression",
+    "non_maximum_suppression", "coreai.invoke", "coreai.create_token",
     "upsample_nearest_neighbor", "constexpr_lut_to_dense", "constexpr_blockwise_shift_scale",
     "constexpr_affine_dequantize", "constexpr_symmetric_dequantize", "constexpr_sparse_to_dense", "constexpr_cast",
     "constexpr_sparse_blockwise_shift_scale", "constexpr_lut_to_sparse", *sorted(VIEW_OPS),

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from analyzer.graph.flop_account import FLOP_CATEGORIES, FlopAccount, Flops, LayerFlops, OpFlops
 from analyzer.graph.flop_rules import FLOP_RULES, SOFTMAX_FLOPS_PER_ELEMENT, FlopContext, FlopRule
-from analyzer.graph.program import MilProgram, consumer_map
+from analyzer.graph.mil_records import MilProgram, consumer_map
 
 __all__ = ["FLOP_CATEGORIES", "FLOP_RULES", "SOFTMAX_FLOPS_PER_ELEMENT", "FlopAccount", "FlopContext", "FlopRule",
            "Flops", "LayerFlops", "OpFlops", "count_flops"]
@@ -49,7 +49,7 @@ def count_flops(program: MilProgram, tokens_per_call: int = 1) -> FlopAccount:
     ops: list[OpFlops] = []
     unruled: set[str] = set()
     for op in program.ops:
-        rule = FLOP_RULES.get(op.type)
+        rule = FLOP_RULES.get(op.kind)
         if rule is None:
             unruled.add(op.type)
             ops.append(OpFlops(op.index, op.name, op.type, op.layer, "unruled"))

@@ -8,13 +8,17 @@ all zeros.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections import ChainMap
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from analyzer.errors import MilError
-from analyzer.graph.program import InputRef, OpRecord, TensorInfo, tensor_nbytes
+from analyzer.fsio import open_regular, resolved
+from analyzer.graph.mil_records import InputRef, OpRecord, TensorInfo, tensor_nbytes
 
 _PROTO_DTYPE = {
     "FLOAT16": "fp16", "FLOAT32": "fp32", "FLOAT64": "fp64", "BFLOAT16": "bf16", "FLOAT8E4M3FN": "fp8e4m3fn",
@@ -26,12 +30,18 @@ _PROTO_DTYPE = {
 ZERO_CHECK_MAX_BYTES = 4 << 20
 _BLOB_SENTINEL = 0xDEADBEEF  # coremltools MIL blob storage v2 (mil/backend/mil/helper.py, BlobWriter)
 _BLOB_HEADER = struct.Struct("<IIQQ")  # sentinel, dtype, size in bytes, offset of the data
+_WEIGHTS_PARTS = ("Data", "com.apple.CoreML", "weights")
 
 
-def dtype_name(enum_value: int) -> str:
+def dtype_name(enum_value: int, where: str = "a tensor") -> str:
+    """The MIL dtype of a ``DataType`` enum value; a value the enum does not define is a ``MilError`` naming
+    ``where`` (protobuf keeps unknown enum values as plain ints)."""
     from coremltools.proto import MIL_pb2
 
-    name = MIL_pb2.DataType.Name(enum_value)
+    try:
+        name = MIL_pb2.DataType.Name(enum_value)
+    except ValueError:
+        raise MilError(f"{where}: unknown dataType enum value {enum_value}") from None
     return _PROTO_DTYPE.get(name, name.lower())
 
 
@@ -44,7 +54,7 @@ def tensor_info(name: str, value_type) -> TensorInfo:
         return TensorInfo(name, (), which or "unknown", None)
     tt = value_type.tensorType
     shape = tuple(d.constant.size if d.WhichOneof("dimension") == "constant" else None for d in tt.dimensions)
-    dtype = dtype_name(tt.dataType)
+    dtype = dtype_name(tt.dataType, f"tensor {name!r}")
     return TensorInfo(name, shape, dtype, tensor_nbytes(shape, dtype))
 
 
@@ -55,7 +65,11 @@ def feature_info(feature) -> TensorInfo:
     ft = feature.type
     arr = ft.stateType.arrayType if ft.WhichOneof("Type") == "stateType" else ft.multiArrayType
     shape = tuple(int(d) for d in arr.shape)
-    enum_name = FeatureTypes_pb2.ArrayFeatureType.ArrayDataType.Name(arr.dataType)  # "FLOAT16", "INT32", ...
+    try:
+        enum_name = FeatureTypes_pb2.ArrayFeatureType.ArrayDataType.Name(arr.dataType)  # "FLOAT16", "INT32", ...
+    except ValueError:
+        raise MilError(f"feature {feature.name!r} of the model description: unknown dataType enum value "
+                       f"{arr.dataType}") from None
     dtype = {"DOUBLE": "fp64"}.get(enum_name, _PROTO_DTYPE.get(enum_name, enum_name.lower()))
     return TensorInfo(feature.name, shape, dtype, tensor_nbytes(shape, dtype))
 
@@ -65,7 +79,11 @@ class Blobs:
 
     def __init__(self, weights_dir: Path):
         self.weights_dir = weights_dir
+        # where blob files may be: the package's own weights folder, a link out of it is outside
+        pkg = weights_dir.parents[2] if weights_dir.parts[-3:] == _WEIGHTS_PARTS else weights_dir
+        self._base = resolved(pkg, MilError).joinpath(*weights_dir.parts[len(pkg.parts):])
         self._files: dict[str, object] = {}
+        self._sizes: dict[str, int] = {}
         self._maps: dict[str, object] = {}
 
     def size(self, file_name: str, offset: int) -> int:
@@ -82,7 +100,6 @@ class Blobs:
     def data(self, file_name: str, offset: int):
         """The stored bytes of one blob as a read-only, memory-mapped ``uint8`` array (nothing is read until
         it is used; the mapping stays valid after ``close``)."""
-        import numpy as np
 
         size, data_offset, _ = self._header(file_name, offset)
         rel = file_name.removeprefix("@model_path/weights/")
@@ -95,20 +112,24 @@ class Blobs:
 
     def _path(self, file_name: str) -> Path:
         rel = file_name.removeprefix("@model_path/weights/")
-        path = (self.weights_dir / rel).resolve()
-        if self.weights_dir.resolve() not in path.parents:
+        path = resolved(self.weights_dir / rel, MilError)
+        if self._base not in path.parents:
             raise MilError(f"blob file {file_name!r} points outside the package")
         return path
 
     def _header(self, file_name: str, offset: int):
+        """(data size, data offset, open file) of the blob whose header is at ``offset``; both checked against
+        the file's real size before anything is read or mapped."""
         rel = file_name.removeprefix("@model_path/weights/")
         path = self._path(file_name)
         f = self._files.get(rel)
         if f is None:
-            try:
-                f = self._files[rel] = path.open("rb")
-            except OSError as e:
-                raise MilError(f"cannot open weight file {path}: {e}") from e
+            fd = open_regular(path, MilError)  # a FIFO or device would hang or stream forever
+            f = self._files[rel] = os.fdopen(fd, "rb")
+            self._sizes[rel] = os.fstat(fd).st_size
+        file_size = self._sizes[rel]
+        if not 0 <= offset <= file_size - _BLOB_HEADER.size:
+            raise MilError(f"{path}: truncated blob header at offset {offset} (the file has {file_size:,} bytes)")
         f.seek(offset)  # type: ignore[attr-defined]
         head = f.read(_BLOB_HEADER.size)  # type: ignore[attr-defined]
         if len(head) < _BLOB_HEADER.size:
@@ -116,6 +137,9 @@ class Blobs:
         sentinel, _dtype, size, data_offset = _BLOB_HEADER.unpack(head)
         if sentinel != _BLOB_SENTINEL:
             raise MilError(f"{path}: no blob header at offset {offset} (found 0x{sentinel:08X})")
+        if data_offset + size > file_size:
+            raise MilError(f"{path}: blob at offset {offset} declares {size:,} bytes at {data_offset:,}, past the "
+                           f"end of the file ({file_size:,} bytes)")
         return size, data_offset, f
 
     def close(self) -> None:
@@ -146,6 +170,23 @@ def _value_is_zero(value, blobs: Blobs) -> bool:
     return len(values) > 0 and not any(values)
 
 
+# Integer and bool constants up to this many elements keep their values on the records (perm, reps, shape, axes,
+# transpose flags: what the replication facts are derived from).
+SMALL_VALUE_MAX = 64
+
+
+def small_value(value, info: TensorInfo) -> tuple[int, ...] | None:
+    """An immediate integer or bool constant of at most :data:`SMALL_VALUE_MAX` elements as a tuple of ints."""
+    if value.WhichOneof("value") != "immediateValue" or value.immediateValue.WhichOneof("value") != "tensor":
+        return None
+    tensor = value.immediateValue.tensor
+    which = tensor.WhichOneof("value")
+    if which not in ("ints", "longInts", "bools"):
+        return None
+    values = getattr(tensor, which).values
+    return tuple(int(v) for v in values) if len(values) <= SMALL_VALUE_MAX else None
+
+
 @dataclass(frozen=True, slots=True)
 class _Binding:
     """What a name in scope refers to."""
@@ -154,6 +195,7 @@ class _Binding:
     producer: int | None
     is_const: bool
     stored_bytes: int
+    value: tuple[int, ...] | None = None
 
 
 def walk_block(block, blobs: Blobs, function_inputs: dict[str, TensorInfo]) -> list[OpRecord]:
@@ -170,8 +212,9 @@ def walk_block(block, blobs: Blobs, function_inputs: dict[str, TensorInfo]) -> l
         for op in blk.operations:
             index = len(records)
             outputs = tuple(tensor_info(o.name, o.type) for o in op.outputs)
-            const_bytes, const_zero = 0, False
+            const_bytes, const_zero, value = 0, False, None
             if op.type == "const":
+                value = small_value(op.attributes["val"], outputs[0])
                 const_bytes = _value_stored_bytes(op.attributes["val"], outputs[0], blobs)
                 const_zero = (outputs[0].dtype != "string" and len(outputs[0].shape) <= 1
                               and _value_is_zero(op.attributes["val"], blobs))
@@ -181,18 +224,19 @@ def walk_block(block, blobs: Blobs, function_inputs: dict[str, TensorInfo]) -> l
                     if binding.WhichOneof("binding") == "name":
                         name = binding.name
                         b = scope.get(name) or bind(TensorInfo(name, (), "unknown", None))
-                        refs.append(InputRef(param, b.info, b.producer, b.is_const, b.stored_bytes))
+                        refs.append(InputRef(param, b.info, b.producer, b.is_const, b.stored_bytes, b.value))
                     else:  # an inline value (iOS18 constexpr ops carry their data this way)
                         info = tensor_info(f"{op.outputs[0].name}.{param}" if op.outputs else param,
                                            binding.value.type)
-                        refs.append(InputRef(param, info, None, True, _value_stored_bytes(binding.value, info, blobs)))
+                        refs.append(InputRef(param, info, None, True, _value_stored_bytes(binding.value, info, blobs),
+                                             small_value(binding.value, info)))
             name = op.outputs[0].name if op.outputs else f"{op.type}_{index}"
             records.append(OpRecord(index, op.type, name, None, "", tuple(refs), outputs, const_bytes,
                                     const_zero=const_zero, parent=parent))
             for b in op.blocks:
                 visit(b, scope.new_child({i.name: bind(tensor_info(i.name, i.type)) for i in b.inputs}), index)
             for o in outputs:
-                scope[o.name] = _Binding(o, index, op.type == "const", const_bytes)
+                scope[o.name] = _Binding(o, index, op.type == "const", const_bytes, value)
 
     visit(block, ChainMap({n: bind(i) for n, i in function_inputs.items()}), None)
     return records

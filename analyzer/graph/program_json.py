@@ -2,15 +2,17 @@
 
 Compact because a full-size program has ~4,600 ops: a tensor is ``[name, shape, dtype, nbytes]``, an input
 ``[param, tensor, producer, is_const, stored_bytes]``, an op ``[type, name, layer, layer_from, inputs, outputs,
-const_bytes, tile_kind, const_zero, parent]`` (schema 2; schema 1 had no ``parent``).
+const_bytes, tile_kind, const_zero, parent]`` (schema 2; schema 1 had no ``parent``), plus ``composite`` as an 11th
+field on the ops of a Core AI composite's inlined fallback body (rows without one are exactly as before).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from analyzer.graph.jsonfields import Field
-from analyzer.graph.program import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
+from analyzer.graph.aimodel.dialect import kind_of
+from analyzer.graph.mil_records import AssumedShape, InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
+from analyzer.jsonfields import Field
 
 OP_FIELDS_V1 = 9
 OP_FIELDS = 10
@@ -38,7 +40,8 @@ def _tensor(f: Field) -> TensorInfo:
 
 
 def program_to_json(program: MilProgram) -> dict[str, Any]:
-    return {
+    extra = {"assumed_shapes": [a.to_json() for a in program.assumed_shapes]} if program.assumed_shapes else {}
+    return {**extra,
         "path": program.path,
         "function": program.function,
         "opset": program.opset,
@@ -49,14 +52,16 @@ def program_to_json(program: MilProgram) -> dict[str, Any]:
         "ops": [
             [op.type, op.name, op.layer, op.layer_from,
              [[r.param, _tensor_json(r.tensor), r.producer, r.is_const, r.stored_bytes] for r in op.inputs],
-             [_tensor_json(t) for t in op.outputs], op.const_bytes, op.tile_kind, op.const_zero, op.parent]
+             [_tensor_json(t) for t in op.outputs], op.const_bytes, op.tile_kind, op.const_zero, op.parent,
+             *(() if op.composite is None else (op.composite,))]
             for op in program.ops
         ],
     }
 
 
 def _op(i: int, f: Field, n_fields: int) -> OpRecord:
-    row = f.list(n_fields)
+    n = len(f.value) if isinstance(f.value, list) else 0
+    row = f.list(OP_FIELDS + 1 if n_fields == OP_FIELDS and n == OP_FIELDS + 1 else n_fields)
     refs = []
     for r in row[4].list():
         param, tensor, producer, is_const, stored = r.list(5)
@@ -65,18 +70,23 @@ def _op(i: int, f: Field, n_fields: int) -> OpRecord:
             producer.fail(f"op {i} reads op {p}, which does not come before it")
         refs.append(InputRef(param.str(), _tensor(tensor), p, is_const.bool(), stored.count()))
     outputs = tuple(_tensor(t) for t in row[5].list())
-    if not outputs and (row[0].value == "const" or row[0].value == "tile"):
+    if not outputs and kind_of(row[0].str()) in ("const", "tile"):
         row[5].fail(f"a {row[0].value} op without an output")
     parent = row[9].opt_int() if n_fields > 9 else None
     if parent is not None and not 0 <= parent < i:
         row[9].fail(f"op {i} is nested in op {parent}, which does not come before it")
+    composite = row[10].str() if len(row) > OP_FIELDS else None
     return OpRecord(i, row[0].str(), row[1].str(), row[2].opt_int(), row[3].str(), tuple(refs), outputs,
-                    row[6].count(), row[7].opt_str(), row[8].bool(), parent)
+                    row[6].count(), row[7].opt_str(), row[8].bool(), parent, composite)
 
 
 def program_from_json(f: Field, schema_version: int) -> MilProgram:
     """The program of a stored analysis; ``schema_version`` 1 rows have no ``parent``."""
     n_fields = OP_FIELDS_V1 if schema_version == 1 else OP_FIELDS
     ops = tuple(_op(i, op, n_fields) for i, op in enumerate(f["ops"].list()))
+    assumed = f.get("assumed_shapes")
+    shapes = tuple(AssumedShape(a["name"].str(), tuple(d.count() for d in a["shape"].list()), a["how"].str())
+                   for a in (assumed.list() if assumed is not None else ()))
     return MilProgram(f["path"].str(), f["function"].str(), f["opset"].str(), f["spec_version"].count(),
-                      *(tuple(_tensor(t) for t in f[k].list()) for k in ("inputs", "states", "outputs")), ops)
+                      *(tuple(_tensor(t) for t in f[k].list()) for k in ("inputs", "states", "outputs")), ops,
+                      shapes)

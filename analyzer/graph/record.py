@@ -8,7 +8,6 @@ produce.
 
 On disk (``analysis.json`` in a build folder; the shipped analyses; the Export page's download) it is JSON
 with a ``schema_version``:
-
 - **2** (this version) stores each op's ``parent`` (the op whose nested block holds it) and the op facts
   (layer, tile kind) as the current walker derives them.
 - **1** (qfold 0.1.0 before the typed record) is migrated on load: ops get no parent (the old walker
@@ -24,6 +23,7 @@ and ignored on load.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -39,16 +39,19 @@ from analyzer.graph.accounting import (
     WeightCharge,
     account,
 )
+from analyzer.graph.aimodel.asset import looks_like_asset
+from analyzer.graph.aimodel.walk import ENTRY, read_asset
 from analyzer.graph.buildinfo import BuildInfo
 from analyzer.graph.compression import CompressionReport, compression_report
 from analyzer.graph.flops import FlopAccount, count_flops
-from analyzer.graph.jsonfields import Field
-from analyzer.graph.mil import list_functions, read_program
+from analyzer.graph.mil_reader import list_functions
+from analyzer.graph.mil_records import MilProgram
 from analyzer.graph.opfacts import derive_op_facts
 from analyzer.graph.phase import CallShape, call_shape
-from analyzer.graph.program import MilProgram
 from analyzer.graph.program_json import program_from_json, program_to_json
+from analyzer.graph.shapes import check_static_shapes, read_sized
 from analyzer.graph.summary import ProgramSummary
+from analyzer.jsonfields import Field
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -176,9 +179,11 @@ def function_analysis_files(folder: str | Path) -> tuple[Path, ...]:
 
 
 def load_analysis(path: str | Path, function: str | None = None,
-                  weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> Analysis:
-    """A build folder, an ``analysis.json``, or any ``.mlpackage`` (``function`` picks one function of a
-    multi-function package or build; None: its default function)."""
+                  weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE,
+                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> Analysis:
+    """A build folder, an ``analysis.json``, any ``.mlpackage`` or any Core AI ``.aimodel`` (``function`` picks one
+    function of a multi-function package or build; None: its default function). A flexible package is analysed at the
+    given ``shapes`` (input name → shape), else at the defaults of :mod:`analyzer.graph.shapes`."""
     if is_analysis_path(path):
         analysis = read_analysis_file(path, weight_charge)
         if function is None or function == analysis.function:
@@ -189,10 +194,23 @@ def load_analysis(path: str | Path, function: str | None = None,
             return read_analysis_file(other, weight_charge)
         have = [a.function for a in load_analyses(path, weight_charge)] if p.is_dir() else [analysis.function]
         raise AnalysisFileError(f"{analysis.file}: no function {function!r} (has {', '.join(have)})")
-    return Analysis(read_program(path, function), weight_charge=weight_charge)
+    if looks_like_asset(path):
+        return Analysis(_read_asset_function(path, function, shapes), weight_charge=weight_charge)
+    return Analysis(read_sized(path, function, shapes), weight_charge=weight_charge)
 
 
-def load_analyses(path: str | Path, weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> tuple[Analysis, ...]:
+def _read_asset_function(path: str | Path, function: str | None = None,
+                         shapes: Mapping[str, tuple[int, ...]] | None = None) -> MilProgram:
+    """An asset's entry graph; its inputs are static, so a given shape must be an input's own (else refused)."""
+    if function not in (None, ENTRY):
+        raise AnalysisFileError(f"{path}: a Core AI asset is walked from its entry graph {ENTRY!r}, not {function!r}")
+    program = read_asset(path)
+    check_static_shapes(shapes or {}, program.inputs, path)
+    return program
+
+
+def load_analyses(path: str | Path, weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE,
+                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[Analysis, ...]:
     """Every function of a package or a multi-function build (the default one first), or the one analysis of
     an ``analysis.json``."""
     p = Path(path)
@@ -200,7 +218,9 @@ def load_analyses(path: str | Path, weight_charge: WeightCharge = DEFAULT_WEIGHT
         return tuple(read_analysis_file(f, weight_charge) for f in function_analysis_files(p))
     if is_analysis_path(path):
         return (read_analysis_file(path, weight_charge),)
-    return tuple(Analysis(read_program(path, fn), weight_charge=weight_charge) for fn in list_functions(path))
+    if looks_like_asset(path):
+        return (Analysis(_read_asset_function(path, None, shapes), weight_charge=weight_charge),)
+    return tuple(Analysis(read_sized(path, fn, shapes), weight_charge=weight_charge) for fn in list_functions(path))
 
 
 def write_analysis(path: str | Path, analysis: Analysis) -> None:

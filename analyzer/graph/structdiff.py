@@ -1,6 +1,6 @@
 """Whole-program structural diff of two MIL programs, layer by layer: which ops match, which exist on one side.
 
-Works from any two :class:`~analyzer.graph.mil.MilProgram` objects (two builds, a package against its folded
+Works from any two :class:`~analyzer.graph.mil_reader.MilProgram` objects (two builds, a package against its folded
 copy, two converters' graphs of one model); nothing here knows how a program was made.
 
 **Home layer.** Each op belongs to one layer: its ``OpRecord.layer``, except that a constant the walker
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from analyzer.graph.accounting import ByteAccount, account
-from analyzer.graph.mil import MilProgram, OpRecord
+from analyzer.graph.mil_reader import MilProgram, OpRecord
 
 Status = Literal["matched", "changed", "only_a", "only_b"]
 STATUSES: tuple[Status, ...] = ("matched", "changed", "only_a", "only_b")
@@ -51,7 +51,7 @@ EN_DASH = "\u2013"  # layer ranges: "layers 0–29"
 
 def is_const_like(op: OpRecord) -> bool:
     """Constant data: ``const`` ops and the ``constexpr_*`` ops that decompress weights at load time."""
-    return op.type == "const" or op.type.startswith("constexpr_")
+    return op.kind == "const" or op.type.startswith("constexpr_")
 
 
 def home_layers(program: MilProgram) -> tuple[int | None, ...]:
@@ -230,7 +230,7 @@ def attention_ops(program: MilProgram, homes: Sequence[int | None], acct: ByteAc
     ops = program.ops
     consumers = program.consumers()
     roots = [op.index for op in ops if not is_const_like(op) and (
-        op.type in ("read_state", "write_state") or op.tile_kind == "kv_replication"
+        op.kind in ("read_state", "write_state") or op.tile_kind == "kv_replication"
         or any(getattr(acct.ops[op.index], c) for c in ("kv_read", "kv_write", "replication",
                                                            "kv_write_value_semantics")))]
     found: set[int] = set(roots)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from analyzer.graph.program import MilProgram, OpRecord
+from analyzer.graph.aimodel.dialect import kind_of
+from analyzer.graph.mil_records import MilProgram, OpRecord
 
 Shape = tuple[int | None, ...]
 
@@ -21,18 +22,27 @@ class TileRow:
     dtype: str
     output_bytes: int | None  # None when a dimension is symbolic (the byte account lists it as unsized)
     kind: str | None  # "kv_replication" | "other"
+    op_type: str = "tile"  # a Core AI program's copies are "coreai.broadcast_in_dims" or "coreai.tile"
+    # inside a Core AI composite's fallback body (counted once per call): the composite's name; None elsewhere
+    composite: str | None = None
 
     @classmethod
     def of(cls, op: OpRecord) -> TileRow:
         x = next((r.tensor for r in op.inputs if r.param == "x"), None)
         out = op.outputs[0]
-        return cls(op.name, op.layer, x.shape if x else None, out.shape, out.dtype, out.nbytes, op.tile_kind)
+        return cls(op.name, op.layer, x.shape if x else None, out.shape, out.dtype, out.nbytes, op.tile_kind,
+                   op.type, op.composite)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "layer": self.layer,
-                "input_shape": None if self.input_shape is None else list(self.input_shape),
-                "output_shape": list(self.output_shape), "dtype": self.dtype, "output_bytes": self.output_bytes,
-                "kind": self.kind}
+        out = {"name": self.name, "layer": self.layer,
+               "input_shape": None if self.input_shape is None else list(self.input_shape),
+               "output_shape": list(self.output_shape), "dtype": self.dtype, "output_bytes": self.output_bytes,
+               "kind": self.kind}
+        if self.op_type != "tile":  # a Core ML tile's row is as it always was
+            out["op_type"] = self.op_type
+        if self.composite is not None:
+            out["composite"] = self.composite
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +57,7 @@ class ProgramSummary:
 
     @property
     def const_ops(self) -> int:
-        return self.op_counts.get("const", 0)
+        return sum(n for t, n in self.op_counts.items() if kind_of(t) == "const")  # MIL const, coreai.constant
 
     @property
     def non_const_ops(self) -> int:

@@ -12,12 +12,20 @@ untied; norm scales and biases, < 0.1%, are left out). Memory, from measurements
 * the fp16 KV state ``2 × layers × Hkv × ctx × D × 2`` bytes: the structure build (30 layers, ctx 4096, 251 MB of
   KV, ~52·10^6 parameters) peaked at ≈ 1 GB, so one copy is live at the peak.
 
-* an analysis-mode build (value-free weights: zero pages and zero-stride views, analyzer.build.valuefree) holds
+* an analysis-mode build (value-free weights: zero pages and zero-stride views, analyzer.convert.header_blobs) holds
   no weight values, so its memory barely moves with the parameter count: bench/results/fast.json measured the
   A/B (both variants, one process) of EXAONE 4.0 1.2B (W = 2.56 GB of fp16 weights) at 1.52 GB, Mistral-7B
   (W = 14.5 GB) 1.19 GB, Qwen2.5-7B (15.2 GB) 2.33 GB and Llama-3.1-8B (16.1 GB) 1.77 GB at ctx 4096: a floor of
   ≈ 1.2 GB (two processes: the build and its reduced-model equivalence worker) and ≈ 0.04 bytes per weight
   byte, 0.08 per parameter.
+
+* a Core AI materialised build (``--backend coreai``; ``analyzer.convert.aimodel_build``) holds the torch weights and
+  the converted program's own copy at once, then (the torch copy gone) the program and ``save_asset``'s read of the
+  saved bytecode: bench/results/coreai.json measured the full-size EXAONE 4.0 1.2B with fp16 weights (W = 2.56 GB)
+  at 6.05 GB for the conversion child and 7.13 GB for the process tree (the build command and the reduced-model
+  equivalence worker add ≈ 1.05 GB): (6.05 − 0.6) GB / 2.56 GB ≈ 2.1 bytes per weight byte, fp32 weights
+  (``--weights fp32``) twice the weight bytes (the probe's fp32 conversion peaked at 10.8 GB, 2.1 per weight byte too).
+  Its wall time, 161 s at load average 7-9 on the bench machine, is ≈ 20 s + 55 s per GB of weights.
 
 Wall time per build (``wall_s``), fitted to the same bench (2 cores, load average 2-6 while measured): analysis
 ≈ 85 s + 2 s per GB of fp16 weights (graph work per layer, a trace whose GEMVs read zero pages); materialised
@@ -34,19 +42,27 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import psutil
+
 from analyzer.errors import SourceError
-from analyzer.model.sources import AttentionGeometry
+from analyzer.model.backends import COREAI, COREML, DEFAULT_WEIGHTS
+from analyzer.model.sources import AttentionGeometry, geometry_of
+from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE
 
 PROCESS_FLOOR_BYTES = 600_000_000  # a 2-layer tiny build peaked at 0.51 GB
 MATERIALISED_BYTES_PER_PARAM = 11  # (14.7 − 0.6) GB / 1.28·10^9 parameters, full-size EXAONE 4.0 1.2B
 ANALYSIS_BYTES_PER_PARAM = 0.08  # bench/results/fast.json: ≈ 0.04 bytes per fp16 weight byte (module docstring)
 ANALYSIS_EXTRA_FLOOR_BYTES = 600_000_000  # the analysis A/B's ≈ 1.2 GB floor: build + reduced-model worker
-BYTES_PER_PARAM_BY_MODE: dict[str, float] = {"materialised": MATERIALISED_BYTES_PER_PARAM,
-                                             "analysis": ANALYSIS_BYTES_PER_PARAM}
-EXTRA_FLOOR_BY_MODE: dict[str, int] = {"materialised": 0, "analysis": ANALYSIS_EXTRA_FLOOR_BYTES}
+BYTES_PER_PARAM_BY_MODE: dict[str, float] = {MATERIALISED_MODE: MATERIALISED_BYTES_PER_PARAM,
+                                             ANALYSIS_MODE: ANALYSIS_BYTES_PER_PARAM}
+EXTRA_FLOOR_BY_MODE: dict[str, int] = {MATERIALISED_MODE: 0, ANALYSIS_MODE: ANALYSIS_EXTRA_FLOOR_BYTES}
 # (fixed seconds, seconds per GB of fp16 weights) per build, bench/results/fast.json (module docstring)
-SECONDS_BY_MODE: dict[str, tuple[float, float]] = {"materialised": (20.0, 14.0), "analysis": (85.0, 2.0)}
+SECONDS_BY_MODE: dict[str, tuple[float, float]] = {MATERIALISED_MODE: (20.0, 14.0), ANALYSIS_MODE: (85.0, 2.0)}
 KV_STATE_COPIES = 1  # the structure build's ≈ 1 GB peak leaves room for one
+COREAI_BYTES_PER_WEIGHT_BYTE = 2.1  # (6.05 − 0.6) GB / 2.56 GB, full-size Core AI fp16 build (module docstring)
+COREAI_EXTRA_FLOOR_BYTES = 1_050_000_000  # the build command and the equivalence worker beside the child
+COREAI_SECONDS = (20.0, 55.0)  # (fixed, per GB of weights): 161 s for the full-size fp16 build
+WEIGHT_BYTES = {"fp16": 2, "fp32": 4}  # the torch weights' dtype (analyzer.model.backends.WEIGHT_DTYPES)
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
 # hidden 16,384, vocabularies up to 262,144 (Gemma 3) and contexts up to 131,072 positions among qfold's
 # presets; the ceilings leave 4-8x headroom and keep the MIL program (≈ 150 ops per layer) and the static
@@ -69,7 +85,7 @@ class BuildCost:
     kv_state_bytes: int
     peak_rss_bytes: int
     limit_bytes: int
-    mode: str = "materialised"  # the build mode estimated (analyzer.build.builds.BUILD_MODES)
+    mode: str = MATERIALISED_MODE  # the build mode estimated (analyzer.model.spec.BUILD_MODES)
     wall_s: float = 0.0  # per build, on the bench machine
     package_bytes: int | None = None  # per build; None: an analysis-mode build keeps no package
 
@@ -111,41 +127,46 @@ def memory_limit_bytes() -> int:
         if value <= 0:
             raise SourceError(f"${MEMORY_LIMIT_ENV}={text!r}: must be positive")
         return value
-    import psutil
 
     return int(psutil.virtual_memory().total)
 
 
-def estimate(config, ctx: int, mode: str = "materialised") -> BuildCost:
-    """A conversion's cost for ``config`` (a transformers config) at ``ctx`` cache slots in build ``mode``."""
-    from analyzer.model.sources import geometry_of
+def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COREML,
+             weights: str = DEFAULT_WEIGHTS) -> BuildCost:
+    """A conversion's cost for ``config`` (a transformers config) at ``ctx`` cache slots in build ``mode`` on
+    ``backend`` with ``weights`` torch weights (a Core AI analysis-mode build costs what a Core ML one does)."""
 
     g = geometry_of(config)
     intermediate = int(getattr(config, "intermediate_size", 0) or 4 * g.hidden_size)
     params = count_params(g, intermediate, bool(getattr(config, "tie_word_embeddings", False)))
     kv = kv_state_bytes(g, ctx)
-    known = mode if mode in BYTES_PER_PARAM_BY_MODE else "materialised"  # unknown: over-reserve
+    known = mode if mode in BYTES_PER_PARAM_BY_MODE else MATERIALISED_MODE  # unknown: over-reserve
+    if backend == COREAI and known == MATERIALISED_MODE:
+        w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
+        peak = PROCESS_FLOOR_BYTES + COREAI_EXTRA_FLOOR_BYTES + round(w * COREAI_BYTES_PER_WEIGHT_BYTE) + kv
+        return BuildCost(params, 2 * params, kv, peak, memory_limit_bytes(), known,
+                         COREAI_SECONDS[0] + COREAI_SECONDS[1] * w / 1e9, w)
     peak = (PROCESS_FLOOR_BYTES + EXTRA_FLOOR_BY_MODE[known] + round(params * BYTES_PER_PARAM_BY_MODE[known])
             + KV_STATE_COPIES * kv)
     fixed_s, s_per_gb = SECONDS_BY_MODE[known]
     return BuildCost(params, 2 * params, kv, peak, memory_limit_bytes(), known, fixed_s + s_per_gb * 2 * params / 1e9,
-                     2 * params if known == "materialised" else None)
+                     2 * params if known == MATERIALISED_MODE else None)
 
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:,.1f} GB"
 
 
-def check_request(config, ctx: int, force_ctx: bool = False, mode: str = "materialised") -> BuildCost:
+def check_request(config, ctx: int, force_ctx: bool = False, mode: str = MATERIALISED_MODE, backend: str = COREML,
+                  weights: str = DEFAULT_WEIGHTS) -> BuildCost:
     """Refuse a conversion that cannot work before anything is allocated; return its estimated cost.
 
     Checks, in order: the hard ceilings (layers, hidden size, vocabulary, ctx), ctx against the model's
     ``max_position_embeddings`` (unless ``force_ctx``: RoPE positions past it are extrapolation), and the
     estimated peak memory against the limit."""
-    from analyzer.model.sources import geometry_of
 
     g = geometry_of(config)
-    cost = estimate(config, ctx, mode)
+    cost = estimate(config, ctx, mode, backend, weights)
     size = (f"estimated peak memory {_gb(cost.peak_rss_bytes)} for {cost.params:,} parameters and a KV state "
             f"of {_gb(cost.kv_state_bytes)}; the limit is {_gb(cost.limit_bytes)}, ${MEMORY_LIMIT_ENV} or this "
             "machine's memory")

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from analyzer.errors import SourceError
+from analyzer.model.ctx_thresholds import sliding_window
 from analyzer.model.sources import AttentionGeometry, ModelSource, geometry_of
 from analyzer.model.valuefree import check_weight_shapes, empty_model, zero_pages
 from analyzer.model.variants import KV_MODES, VARIANTS, get_variant
@@ -52,8 +54,6 @@ def _fill_random_(model: nn.Module, seed: int) -> None:
 
 
 def _load_safetensors_(model: nn.Module, source: ModelSource) -> None:
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for w in source.weights:
         state.update(load_file(str(Path(source.ref) / w.name)))  # names come from a glob of that folder
@@ -164,6 +164,13 @@ def _cache_classes():
                 self.step.new_kv[self.index] = (key_states, value_states)
                 return self.keys.to(key_states.dtype), self.values.to(value_states.dtype)
             p, n = self.pos, self.step.q_len  # int32 [1]; slots p .. p + n - 1
+            if torch.compiler.is_exporting():
+                # torch.export (the Core AI route) cannot slice at a tensor position (GuardOnDataDependentSymNode):
+                # an unbacked int proven in range lowers to aten.slice_scatter → coreai.slice_update. Taken only
+                # while exporting: torch.jit.trace (Core ML) would bake .item()'s value into the trace.
+                p = self.pos.item()
+                torch._check(p >= 0)
+                torch._check(p + n <= self.max_cache_len)
             self.keys[:, :, p : p + n, :] = key_states.to(self.keys.dtype)  # in place → Core ML state write
             self.values[:, :, p : p + n, :] = value_states.to(self.values.dtype)
             return self.keys.to(key_states.dtype), self.values.to(value_states.dtype)
@@ -217,16 +224,7 @@ class DecodeStep(nn.Module):
 
     def _window(self) -> int | None:
         """The sliding window W if some layer slides in transformers' sense and W < ctx."""
-        cfg = self.model.config
-        w = getattr(cfg, "sliding_window", None)
-        if not w or w >= self.ctx:
-            return None
-        types_ = getattr(cfg, "layer_types", None)
-        if types_ is not None and "sliding_attention" not in types_ and cfg.model_type not in ("mistral", "phi3"):
-            return None
-        if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
-            return None
-        return w
+        return sliding_window(self.model.config, self.ctx)
 
     def forward(self, input_ids, current_pos, causal_mask, *kv_inputs):
         self.model.config._attn_implementation = ATTN_PREFIX + self.variant

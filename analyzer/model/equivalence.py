@@ -16,58 +16,21 @@ from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from analyzer.errors import SourceError
-from analyzer.model.variants import VARIANTS
+from analyzer.model.decode import DecodeStep, run_decode
+from analyzer.model.equivalence_records import (
+    REFERENCE_REL_TOLERANCE,
+    EquivalenceReport,
+    PairResult,
+    ReferenceCheck,
+)
+from analyzer.model.prefill import PrefillStep, run_prefill
+from analyzer.model.variants import CHECKED_VARIANTS
 
 if TYPE_CHECKING:  # torch is imported where it runs, so reading a stored report needs no torch
     import torch
-
-# The fp32 reference check fails above this |Δ| relative to the largest |logit|: fp32 reorderings give
-# ~1e-6 here, a wrong head pairing gives O(1).
-REFERENCE_REL_TOLERANCE = 1e-3
-
-
-@dataclass(frozen=True, slots=True)
-class PairResult:
-    variant_a: str
-    variant_b: str
-    dtype: str  # "fp16" | "fp32"
-    steps: int
-    max_abs_diff: float
-    bit_identical: bool
-    greedy_agree_steps: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReferenceCheck:
-    variant: str
-    max_abs_diff: float
-    max_abs_logit: float
-    greedy_agree_steps: int
-    steps: int
-
-
-@dataclass(frozen=True, slots=True)
-class EquivalenceReport:
-    kv_mode: str
-    ctx: int
-    steps: int  # decode: tokens decoded one by one; prefill: prompt rows compared
-    tokens: tuple[int, ...]
-    pairs: tuple[PairResult, ...]
-    reference: ReferenceCheck
-    phase: str = "decode"  # "prefill": the prompt was run in calls of q_len tokens
-    q_len: int = 1
-
-    @property
-    def what(self) -> str:
-        """``8 decode steps`` or ``a 128-token prompt in 2 prefill calls of 64``, for captions."""
-        if self.phase == "decode":
-            return f"{self.steps} decode steps"
-        return f"a {self.steps}-token prompt in {self.steps // self.q_len} prefill call(s) of {self.q_len}"
-
 
 def _tokens(vocab: int, steps: int, seed: int) -> list[int]:
     import torch
@@ -81,7 +44,6 @@ def check_equivalence(model: torch.nn.Module, kv_mode: str, ctx: int, steps: int
     """Decode ``steps`` tokens with every variant in fp16 and fp32; ``model`` is fp32 and left unchanged."""
     import torch
 
-    from analyzer.model.decode import DecodeStep, run_decode
 
     if steps < 1 or steps > ctx:
         raise ValueError(f"equivalence steps={steps}: must be between 1 and ctx={ctx}")
@@ -89,7 +51,7 @@ def check_equivalence(model: torch.nn.Module, kv_mode: str, ctx: int, steps: int
     pairs: list[PairResult] = []
     for dtype_name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
         m = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
-        logits = {v: run_decode(DecodeStep(m, ctx, v, kv_mode), tokens, dtype) for v in VARIANTS}
+        logits = {v: run_decode(DecodeStep(m, ctx, v, kv_mode), tokens, dtype) for v in CHECKED_VARIANTS}
         pairs += _pairs(logits, dtype_name, steps)
         del m, logits
     return EquivalenceReport(kv_mode, ctx, steps, tuple(tokens), tuple(pairs), reference_check(model, tokens, ctx))
@@ -99,7 +61,6 @@ def reference_check(model: torch.nn.Module, tokens: list[int], ctx: int) -> Refe
     """``repeat_kv`` decode step (fp32 cache) against the family's own full-sequence eager forward."""
     import torch
 
-    from analyzer.model.decode import DecodeStep, run_decode
 
     ours = run_decode(DecodeStep(model, ctx, "repeat_kv", "state", cache_dtype=torch.float32), tokens,
                       torch.float32)
@@ -142,7 +103,6 @@ def check_prefill_equivalence(model: torch.nn.Module, kv_mode: str, ctx: int, q_
     row; ``model`` is fp32 and left unchanged. The reference is the family's own forward over the prompt."""
     import torch
 
-    from analyzer.model.prefill import PrefillStep, run_prefill
 
     n_tokens = prefill_tokens(ctx, q_len)
     tokens = _tokens(model.config.vocab_size, n_tokens, seed)
@@ -150,7 +110,7 @@ def check_prefill_equivalence(model: torch.nn.Module, kv_mode: str, ctx: int, q_
     for dtype_name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
         m = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
         logits = {v: run_prefill(PrefillStep(m, ctx, v, kv_mode, q_len, all_logits=True), tokens, dtype)
-                  for v in VARIANTS}
+                  for v in CHECKED_VARIANTS}
         pairs += _pairs(logits, dtype_name, n_tokens)
         del m, logits
     ours = run_prefill(PrefillStep(model, ctx, "repeat_kv", "state", q_len, cache_dtype=torch.float32,
@@ -164,7 +124,7 @@ def _pairs(logits: dict[str, torch.Tensor], dtype_name: str, rows: int) -> list[
     import torch
 
     out = []
-    for a, b in itertools.combinations(VARIANTS, 2):
+    for a, b in itertools.combinations(CHECKED_VARIANTS, 2):
         la, lb = logits[a], logits[b]
         out.append(PairResult(
             a, b, dtype_name, rows,

@@ -4,7 +4,6 @@ call, in the form torch.jit.trace and Core ML accept.
 It is the decode step's mechanism (:mod:`analyzer.model.decode`: attention registered with transformers'
 ``AttentionInterface``, a buffer-backed cache, our own 4-D mask, the family's own ``ForCausalLM.forward``)
 with N query rows instead of one:
-
 * inputs: ``input_ids`` int32 ``[1, N]``, ``current_pos`` int32 ``[1]`` (the first token's position), and an
   additive ``causal_mask``: ``[1, 1, N, S]`` with the cache as state (row n sees slots ≤ current_pos + n, the
   N new ones included, because the step writes them first), ``[1, 1, N, S + N]`` with the cache as inputs
@@ -22,31 +21,26 @@ A call costs the same whatever ``current_pos`` is: the static cache is read in f
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from analyzer.errors import SourceError
-from analyzer.model.decode import ATTN_PREFIX, MASK_VALUE, DecodeStep, DecodeStepContext, _cache_classes, host_cache
+from analyzer.model.decode import (
+    ATTN_PREFIX,
+    MASK_VALUE,
+    DecodeStep,
+    DecodeStepContext,
+    _cache_classes,
+    host_cache,
+    zero_pages,
+)
+from analyzer.model.spec import DEFAULT_Q_LEN
 from analyzer.model.variants import get_variant
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
-
-# What one call of a converted step does. A build converts one of them, or both into one package
-# (``decode+prefill``: two functions sharing their weights, named after their phases).
-PHASES: tuple[str, ...] = ("decode", "prefill")
-MULTIFUNCTION_PHASE = "decode+prefill"
-BUILD_PHASES: tuple[str, ...] = (*PHASES, MULTIFUNCTION_PHASE)
-DEFAULT_Q_LEN = 64  # prompt tokens per prefill call when none is given (the issue's first example)
-
-
-def phases_of(build_phase: str) -> tuple[str, ...]:
-    """The phases (= function names) a build of ``build_phase`` converts: ``decode+prefill`` → both."""
-    if build_phase not in BUILD_PHASES:
-        raise SourceError(f"--phase {build_phase!r}: choose one of {', '.join(BUILD_PHASES)}")
-    return PHASES if build_phase == MULTIFUNCTION_PHASE else (build_phase,)
-
 
 class PrefillStep(DecodeStep):
     """N prompt tokens per call (module docstring). Same buffers (KV as state), window rule and reset as
@@ -130,8 +124,6 @@ def example_prefill_inputs(step: PrefillStep, pos: int = 0, token: int = 1) -> t
     ins = [torch.full((1, step.q_len), token, dtype=torch.int32), torch.tensor([pos], dtype=torch.int32),
            make_prefill_mask(step.ctx, pos, step.q_len, torch.float16, step.kv_mode)]
     if step.kv_mode == "input":
-        from analyzer.model.decode import zero_pages
-
         shape = (1, g.num_kv_heads, step.ctx, g.head_dim)
         ins += [zero_pages(shape, step.cache_dtype) if step.lazy_cache else torch.zeros(shape, dtype=step.cache_dtype)
                 for _ in range(2 * g.num_layers)]
@@ -171,7 +163,6 @@ def call_inputs(step: PrefillStep, tokens: list[int], pos: int) -> dict[str, np.
     ``causal_mask``; the caches as zeros with ``--kv input``): what the converted package's ``prefill`` function
     takes. This is the hook for the MIL interpreter's check (issue #9's ``analyzer.graph.interpret``): run the
     function on these inputs and compare its logits and the N cache slots it writes with :func:`run_prefill`'s."""
-    import numpy as np
     import torch
 
     if len(tokens) != step.q_len:
@@ -184,10 +175,3 @@ def call_inputs(step: PrefillStep, tokens: list[int], pos: int) -> dict[str, np.
             for kv in "kv":
                 out[f"{kv}_cache_{i}"] = np.zeros((1, g.num_kv_heads, step.ctx, g.head_dim), dtype=np.float16)
     return out
-
-
-def prompt_calls(prompt_tokens: int, q_len: int) -> int:
-    """Prefill calls a prompt of ``prompt_tokens`` needs at ``q_len`` tokens per call (the last one padded)."""
-    if prompt_tokens < 1 or q_len < 1:
-        raise ValueError(f"prompt of {prompt_tokens} tokens at q_len {q_len}: both must be at least 1")
-    return math.ceil(prompt_tokens / q_len)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import threading
+import unicodedata
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -208,7 +209,6 @@ def safe_label(text: str) -> str:
     """A build-folder-safe name: ASCII letters, digits, ``.``, ``_``, ``-``; never starting with ``.`` (the
     builds folder keeps its own state in dot-folders) or ``-``. NFKC first, so a fullwidth ``ｂ１`` is ``b1``;
     zero-width and bidi controls become separators and are trimmed, so ``b1\u200b`` is ``b1`` too."""
-    import unicodedata
 
     label = re.sub(r"[^A-Za-z0-9._-]+", "-", unicodedata.normalize("NFKC", text))
     return label.lstrip(".-").rstrip("-")[:40] or "model"

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from analyzer.errors import SourceError
+
 if TYPE_CHECKING:  # torch is imported where it is used, so listing the variants (CLI --help) stays light
     import torch
 
 VARIANTS: dict[str, type[AttentionVariant]] = {}
 # Where the KV cache lives in the converted step: a Core ML state, or read-only model inputs.
 KV_MODES: tuple[str, ...] = ("state", "input")
+# The variants every build's torch equivalence check decodes and compares (analyzer.model.equivalence): the pair
+# whose fp16 logits are bit-identical. sdpa_gqa rounds differently (its softmax runs in fp16) and is compared with
+# repeat_kv by its own tests.
+CHECKED_VARIANTS: tuple[str, ...] = ("repeat_kv", "qfold")
 
 
 def register_variant(cls: type[AttentionVariant]) -> type[AttentionVariant]:
@@ -209,3 +215,40 @@ class QFold(AttentionVariant):
             s = key.shape[2]
             out = torch.matmul(w[..., :s], value) + _times_new(w[..., s:], new_kv[1])  # [B, Hkv, G·N, D]
         return out.reshape(b, hq, n, d)  # [B, Hq, N, D]
+
+
+@register_variant
+class SdpaGqa(AttentionVariant):
+    """``F.scaled_dot_product_attention(q, K, V, attn_mask, scale, enable_gqa=True)`` on the un-repeated cache.
+
+    Equivalent to :class:`RepeatKV`: with ``enable_gqa=True`` torch's SDPA pairs query head ``h`` with KV head
+    ``h // G`` (it repeats K and V with ``repeat_interleave(G, dim=-3)`` where the kernel cannot share them), the
+    scale and the additive mask are applied to the scores before one softmax over S, exactly as the eager
+    attention does. It differs in rounding only: the softmax runs in the query's dtype, not in fp32.
+
+    How the head sharing is written is left to the backend: coreai-torch lowers it to an SDPA composite that keeps
+    ``[B, Hkv, S, D]`` K/V at its interface and tiles them in its fallback body; coremltools 9.0 ignores
+    ``enable_gqa`` (its ``scaled_dot_product_attention`` translation needs equal head counts), so Core ML builds
+    refuse this variant before converting (``analyzer.model.backends``). With a read-only cache the new tokens'
+    K/V are appended to the cache's (``[B, Hkv, S + N, D]``) and a decode step's ``[1, 1, 1, S]`` mask is widened
+    with a 0 for the token itself.
+    """
+
+    name = "sdpa_gqa"
+
+    @classmethod
+    def attend(cls, query, key, value, mask, scaling, softcap=None, new_kv=None):
+        import torch
+        import torch.nn.functional as F
+
+        if softcap is not None:
+            raise SourceError("variant sdpa_gqa: this model soft-caps its attention logits, which "
+                              "scaled_dot_product_attention cannot express; use repeat_kv or qfold")
+        if new_kv is not None:
+            s, n = key.shape[2], new_kv[0].shape[2]
+            key = torch.cat([key, new_kv[0]], dim=2)  # [B, Hkv, S + N, D]
+            value = torch.cat([value, new_kv[1]], dim=2)
+            if mask is not None and mask.shape[-1] == s:  # a decode mask covers the cache: the token sees itself
+                mask = torch.cat([mask, mask.new_zeros((*mask.shape[:-1], n))], dim=-1)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                              enable_gqa=True)  # [B, Hq, N, D]

@@ -4,6 +4,7 @@ rather than something the write-up states."""
 
 from __future__ import annotations
 
+from analyzer.convert.compress import PRESETS, preset_of
 from analyzer.graph.record import Analysis
 
 WEIGHT_CHARGE_TEXT = {
@@ -14,7 +15,6 @@ WEIGHT_CHARGE_TEXT = {
 
 def compression_name(analysis: Analysis) -> str | None:
     """The build's compression preset (``top8``), its spec when it is not a preset, None for fp16."""
-    from analyzer.build.compress import preset_of
 
     if analysis.build is None or not analysis.build.spec.compression:
         return None
@@ -25,7 +25,6 @@ def compression_name(analysis: Analysis) -> str | None:
 def attention_text(analysis: Analysis) -> str:
     """``attention pal4 in layers 4-25; int8 in layers 0-3,26-29 (pal4 outside the promoted layers is assumed:
     the write-up does not state it)`` for a compressed build; ``""`` otherwise."""
-    from analyzer.build.compress import PRESETS
 
     if not analysis.compression.compressed_count:
         return ""

@@ -11,7 +11,9 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from analyzer.device.bandwidth import DEFAULT_MAX_RESIDUAL_PCT
+from analyzer import fmt
+from analyzer.device.bandwidth_model import DEFAULT_MAX_RESIDUAL_PCT
+from analyzer.device.fit import BandwidthFit
 from analyzer.fmt import MB
 from analyzer.report.figures import CATEGORY_COLORS, COLOR_A, COLOR_B, DEVICE_COLORS, style
 
@@ -67,18 +69,19 @@ def bandwidth_figure(frame: pd.DataFrame, curves: Sequence[BandwidthCurve]) -> g
     for i, device in enumerate(dict.fromkeys(mapped["device"])):
         part = mapped[mapped["device"] == device]
         color = DEVICE_COLORS[i % len(DEVICE_COLORS)]
+        name, builds = fmt.plot_text(device), [fmt.plot_text(b) for b in part["build"]]  # the logs' text
         graph_mb = [int(v) / MB for v in part["graph_bytes_per_token"]]
         xs.extend(graph_mb)
-        fig.add_scatter(x=graph_mb, y=list(part["measured_tok_per_s"]), mode="markers+text", name=device,
-                        text=list(part["build"]), textposition="top center", marker={"size": 11, "color": color},
+        fig.add_scatter(x=graph_mb, y=list(part["measured_tok_per_s"]), mode="markers+text", name=name,
+                        text=builds, textposition="top center", marker={"size": 11, "color": color},
                         hovertemplate="%{text}<br>graph %{x:,.0f} MB/token<br>measured %{y:.2f} tok/s"
-                                      "<extra>" + device + "</extra>")
+                                      "<extra>" + name + "</extra>")
         inferred = part[part["inferred_bytes_per_token"].notna()]
         if len(inferred):
             inf_mb = [int(v) / MB for v in inferred["inferred_bytes_per_token"]]
             xs.extend(inf_mb)
             fig.add_scatter(x=inf_mb, y=list(inferred["measured_tok_per_s"]), mode="markers",
-                            name=f"{device}: inferred bytes", text=list(inferred["build"]),
+                            name=f"{name}: inferred bytes", text=[fmt.plot_text(b) for b in inferred["build"]],
                             marker={"size": 10, "color": color, "symbol": "circle-open", "line": {"width": 2}},
                             hovertemplate="%{text}<br>inferred %{x:,.0f} MB/token<br>%{y:.2f} tok/s"
                                           "<extra>inferred</extra>")
@@ -102,7 +105,7 @@ def bandwidth_figure(frame: pd.DataFrame, curves: Sequence[BandwidthCurve]) -> g
 def inferred_vs_graph_figure(frame: pd.DataFrame) -> go.Figure:
     """Per (build, device): the bytes its tok/s implies beside the bytes its graph counts (MB)."""
     part = frame[frame["inferred_bytes_per_token"].notna() | frame["graph_bytes_per_token"].notna()]
-    names = [f"{b} · {d}" for b, d in zip(part["build"], part["device"], strict=True)]
+    names = [fmt.plot_text(f"{b} · {d}") for b, d in zip(part["build"], part["device"], strict=True)]
     fig = go.Figure()
     for col, label, color in (("inferred_bytes_per_token", "inferred from tok/s", COLOR_B),
                               ("graph_bytes_per_token", "graph (MIL shapes)", COLOR_A)):
@@ -117,7 +120,7 @@ def residual_figure(frame: pd.DataFrame, threshold_pct: float = DEFAULT_MAX_RESI
     """(measured − predicted) / measured per mapped (build, device), in percent; bars beyond
     ``threshold_pct`` are drawn red."""
     part = frame[frame["residual_pct"].notna()]
-    names = [f"{b} · {d}" for b, d in zip(part["build"], part["device"], strict=True)]
+    names = [fmt.plot_text(f"{b} · {d}") for b, d in zip(part["build"], part["device"], strict=True)]
     values = [float(v) for v in part["residual_pct"]]
     colors = [CATEGORY_COLORS["replication"] if abs(v) > threshold_pct else CATEGORY_COLORS["kv_write"] for v in values]
     fig = go.Figure(go.Bar(x=names, y=values, marker_color=colors, text=[f"{v:+.1f}%" for v in values],
@@ -127,3 +130,14 @@ def residual_figure(frame: pd.DataFrame, threshold_pct: float = DEFAULT_MAX_RESI
     return style(fig, "Residuals: (measured − predicted) / measured", yaxis_title="%",
                    yaxis_range=[-span * 1.3, span * 1.3], showlegend=False, xaxis_tickangle=-20)
 
+
+
+def bandwidth_curves(bw_bytes_per_s: float, fits: Sequence[BandwidthFit]) -> tuple[BandwidthCurve, ...]:
+    """The bandwidth setting's line and one dashed line per usable fit (with its overhead), for the chart."""
+    curves = [BandwidthCurve(f"BW {fmt.bandwidth(bw_bytes_per_s)} (the bandwidth setting)", bw_bytes_per_s)]
+    for f in fits:
+        if f.usable:
+            extra = f" + {f.overhead_s * 1e3:.2f} ms" if f.model == "bandwidth+overhead" else ""
+            curves.append(BandwidthCurve(f"fit {fmt.plot_text(f.device)}: {fmt.bandwidth(f.bw_bytes_per_s)}{extra}",
+                                         f.bw_bytes_per_s, max(f.overhead_s, 0.0), dash="dash", color="#888"))
+    return tuple(curves)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from analyzer import fmt
-from analyzer.device.bandwidth import check_bw
+from analyzer.device.bandwidth_model import check_bw
 from analyzer.device.fit import BandwidthFit
 from analyzer.device.profiles import DEFAULT_PROFILE, DeviceProfile
 from analyzer.fmt import MB
@@ -33,7 +33,6 @@ SOURCE_NAMES: dict[str, str] = {"profile": "a device profile", "typed": "a value
 
 class BandwidthSettingError(ValueError):
     """A bandwidth setting text that names no source, profile or valid value."""
-
 
 @dataclass(frozen=True, slots=True)
 class BandwidthSetting:

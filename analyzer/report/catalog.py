@@ -1,15 +1,14 @@
 """The analyses the dashboard can open: the shipped default ones, cached builds, and analysed packages.
 
-First open must not wait for a 2.5-minute, 15 GB conversion, so the default preset's full-size
-analyses ship with the code as JSON (the same document as a build's ``analysis.json``: op records,
-counts, tiles, bytes; no weights, no ``.mlpackage``) in ``analyzer/shipped/``, named
-``<preset>-<variant>-<kv mode>-ctx<N>[-<compression preset>].analysis.json``. Everything else a user
-can pick is a cached build (``analyzer.build.builds.list_builds``) or a ``.mlpackage`` made by another tool,
-walked on request.
+First open must not wait for a 2.5-minute, 15 GB conversion, so the default preset's full-size analyses ship with
+the code as JSON (the same document as a build's ``analysis.json``: op records, counts, tiles, bytes; no weights, no
+``.mlpackage``) in ``analyzer/shipped/``, named ``<preset>-<variant>-<kv mode>-ctx<N>[-<compression
+preset>].analysis.json``. Everything else a user can pick is a cached build (``analyzer.convert.launch.list_builds``)
+or a ``.mlpackage`` or Core AI ``.aimodel`` made by another tool, walked on request.
 
 An :class:`AnalysisRef` names one of them with a stable id (``shipped:<file stem>``, ``build:<key>``,
-``package:<path>``, ``package:<path>#<function>`` for one function of a multi-function package) that the UI
-keeps in session state and maps device-log labels to.
+``package:<path>``, ``package:<path>#<function>`` for one function of a multi-function package) that the UI keeps in
+session state and maps device-log labels to.
 
 ``make shipped`` (``bench/full_size.py --ship``) regenerates the shipped files under the names
 :func:`shipped_name` gives them.
@@ -18,20 +17,21 @@ keeps in session state and maps device-log labels to.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from analyzer.build.builds import PACKAGE_NAME, build_folder, builds_dir, list_builds
+from analyzer.convert.compress import PRESETS
+from analyzer.convert.launch import PACKAGE_NAME, build_folder, builds_dir, list_builds
 from analyzer.device.logs import BuildDeviceSummary
 from analyzer.errors import QfoldError
-from analyzer.graph.buildinfo import StoredSpec
-from analyzer.graph.mil import list_functions
+from analyzer.graph.aimodel.asset import looks_like_asset
 from analyzer.graph.record import Analysis, read_analysis_file
-from analyzer.model.prefill import MULTIFUNCTION_PHASE, PHASES, phases_of
-from analyzer.model.sources import DEFAULT_PRESET
-from analyzer.model.variants import KV_MODES
+from analyzer.graph.shapes import package_shapes, shapes_label
+from analyzer.model.sources import DEFAULT_PRESET, list_presets
+from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE, MULTIFUNCTION_PHASE, PHASES, BuildSpec, phases_of
+from analyzer.model.variants import KV_MODES, VARIANTS
 from analyzer.report.compare import compression_name, size_mode
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "shipped"
@@ -53,7 +53,7 @@ class ShippedAnalysis:
     kv_mode: str
     ctx: int
     path: Path
-    compression: str | None = None  # a compression preset name (analyzer.build.compress.PRESETS), None = fp16
+    compression: str | None = None  # a compression preset name (analyzer.convert.compress.PRESETS), None = fp16
     phase: str = "decode"  # "prefill": a prefill build of q_len prompt tokens per call
     q_len: int = 1
 
@@ -71,16 +71,20 @@ class RefFacts:
     model_type: str | None = None
     phase: str = "decode"  # "prefill", "decode+prefill", or one function of it: "decode+prefill: prefill"
     q_len: int = 1  # prompt tokens per prefill call
-    build_mode: str = "materialised"  # "analysis": value-free weights, no package (analyzer.build.builds)
+    build_mode: str = MATERIALISED_MODE  # ANALYSIS_MODE: value-free weights, no package (analyzer.model.spec)
+    backend: str = "coreml"  # "coreai": a Core AI build (an .aimodel asset)
+    weights: str = "fp16"  # the torch weights' dtype
 
     def label(self) -> str:
         """``exaone-4.0-1.2b · qfold · ctx 4096 · top8 · full size · KV state``: what distinguishes, first (a
         prefill one says ``prefill 64`` after the ctx; an analysis-mode build ends with ``analysis mode``)."""
         phase = () if self.phase == "decode" else (self.phase.replace(":", f" {self.q_len}:", 1) if ":" in self.phase
                                                    else f"{self.phase} {self.q_len}",)
-        mode = ("analysis mode",) if self.build_mode == "analysis" else ()
+        mode = ("analysis mode",) if self.build_mode == ANALYSIS_MODE else ()
+        backend = ("Core AI",) if self.backend == "coreai" else ()  # a Core ML label is as it always was
+        weights = (f"{self.weights} weights",) if self.weights != "fp16" else ()
         return " · ".join((self.model, self.variant, f"ctx {self.ctx}", *phase, self.compression, self.size,
-                           f"KV {self.kv_mode}", *mode))
+                           f"KV {self.kv_mode}", *mode, *backend, *weights))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +107,10 @@ class AnalysisRef:
     function: str | None = None  # one function of a multi-function package; None: the only (or default) one
     facts: RefFacts | None = None
     phase: str = "decode"  # what one call of the function does: "decode" | "prefill"
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a flexible package's given shapes (input name, shape)
 
 
 def variant_names() -> tuple[str, ...]:
-    from analyzer.model.variants import VARIANTS
-
     return tuple(sorted(VARIANTS, key=len, reverse=True))  # longest first: no name is a prefix of another's match
 
 
@@ -119,8 +122,6 @@ def _name_pattern() -> re.Pattern[str]:
 
 
 def _compression_names() -> str:
-    from analyzer.build.compress import PRESETS
-
     return "|".join(re.escape(n) for n in PRESETS)
 
 
@@ -165,23 +166,23 @@ def load_shipped(variant: str, folder: Path = SHIPPED_DIR) -> Analysis:
 
 
 # ------------------------------------------------------------------------------------------------- catalog
-def spec_facts(spec: StoredSpec, function: str | None = None) -> RefFacts:
+def spec_facts(spec: BuildSpec, function: str | None = None) -> RefFacts:
     """The facts of a build spec; for one ``function`` of a decode+prefill build, the phase that function does."""
     phase = spec.phase_of(function) if function else spec.phase
     return RefFacts(model=spec.source.label, variant=spec.variant, ctx=spec.ctx, kv_mode=spec.kv_mode,
                     compression=compression_name(spec), size=size_mode(spec.source.overrides),
                     model_type=spec.source.config_dict.get("model_type"),
                     phase=phase if phase == spec.phase else f"{spec.phase}: {phase}", q_len=spec.q_len,
-                    build_mode=spec.build_mode)
+                    build_mode=spec.build_mode, backend=spec.backend, weights=spec.weights)
 
 
-def describe_spec(spec: StoredSpec, function: str | None = None) -> str:
+def describe_spec(spec: BuildSpec, function: str | None = None) -> str:
     """``exaone-4.0-1.2b · repeat_kv · ctx 4096 · fp16 · 2 layers, structure · KV state`` from a build spec (with
     ``prefill 64`` or ``decode+prefill 64: decode`` after the ctx when the build is not a decode build)."""
     return spec_facts(spec, function).label()
 
 
-def _spec_fields(spec: StoredSpec, function: str) -> tuple[tuple[str, Any], ...]:
+def _spec_fields(spec: BuildSpec, function: str) -> tuple[tuple[str, Any], ...]:
     """What two analyses must share to be an A/B of one model: everything but the variant (the phase is that of
     the function: a decode+prefill build's decode function pairs with a decode build)."""
     return (
@@ -193,12 +194,12 @@ def _spec_fields(spec: StoredSpec, function: str) -> tuple[tuple[str, Any], ...]
         ("compression", spec.compression),
         ("phase", spec.phase_of(function)),
         ("q_len", spec.q_len_of(function)),
+        ("backend", spec.backend),  # a Core ML build's twin is never a Core AI build (apples to apples)
+        ("weights", spec.weights),
     )
 
 
 def _preset_model_type(preset: str) -> str | None:
-    from analyzer.model.sources import list_presets
-
     return next((p.model_type for p in list_presets() if p.name == preset), None)
 
 
@@ -209,16 +210,10 @@ def shipped_refs(folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
                          compression=s.compression or "fp16", size="full size",
                          model_type=_preset_model_type(s.preset), phase=s.phase, q_len=s.q_len)
         out.append(AnalysisRef(
-            id=f"shipped:{s.path.name.removesuffix(SHIPPED_SUFFIX)}",
-            kind="shipped",
-            label=f"{facts.label()} · shipped",
-            path=s.path,
-            variant=s.variant,
+            id=f"shipped:{s.path.name.removesuffix(SHIPPED_SUFFIX)}", kind="shipped", path=s.path, variant=s.variant,
+            label=f"{facts.label()} · shipped", facts=facts, phase=s.phase,
             spec=(("source", s.preset), ("overrides", ()), ("kv_mode", s.kv_mode), ("ctx", s.ctx),
-                  ("compression", s.compression), ("phase", s.phase), ("q_len", s.q_len)),
-            facts=facts,
-            phase=s.phase,
-        ))
+                  ("compression", s.compression), ("phase", s.phase), ("q_len", s.q_len))))
     return out
 
 
@@ -229,26 +224,36 @@ def build_refs(root: str | Path | None = None) -> list[AnalysisRef]:
     for a in list_builds(root):
         if a.build is None:
             continue
-        path = build_folder(a)
-        package = path / PACKAGE_NAME
-        spec = a.build.spec
-        functions = phases_of(spec.phase) if spec.phase == MULTIFUNCTION_PHASE else (a.function,)
-        for fn in functions:
-            several = len(functions) > 1
-            facts = spec_facts(spec, fn)
-            out.append(AnalysisRef(
-                id=f"build:{a.build.key}" + (f"#{fn}" if several else ""),
-                kind="build",
-                label=f"{facts.label()} · build {a.build.key.rsplit('-', 1)[-1]}",
-                path=path,
-                variant=spec.variant,
-                package_path=package if package.is_dir() else None,
-                created=a.build.created,
-                spec=_spec_fields(spec, fn),
-                facts=facts,
-                function=fn if several else None,
-                phase=spec.phase_of(fn),
-            ))
+        try:
+            out.extend(build_refs_of(a))
+        except (ValueError, TypeError, KeyError, AttributeError):  # a spec no release writes: left out, as unreadable
+            continue
+    return out
+
+
+def build_refs_of(a: Analysis) -> list[AnalysisRef]:
+    """The refs of one build analysis (one per function of a multi-function build)."""
+    out = []
+    path = build_folder(a)
+    package = path / PACKAGE_NAME
+    spec = a.build.spec
+    functions = phases_of(spec.phase) if spec.phase == MULTIFUNCTION_PHASE else (a.function,)
+    for fn in functions:
+        several = len(functions) > 1
+        facts = spec_facts(spec, fn)
+        out.append(AnalysisRef(
+            id=f"build:{a.build.key}" + (f"#{fn}" if several else ""),
+            kind="build",
+            label=f"{facts.label()} · build {a.build.key.rsplit('-', 1)[-1]}",
+            path=path,
+            variant=spec.variant,
+            package_path=package if package.is_dir() else None,
+            created=a.build.created,
+            spec=_spec_fields(spec, fn),
+            facts=facts,
+            function=fn if several else None,
+            phase=spec.phase_of(fn),
+        ))
     return out
 
 
@@ -270,23 +275,37 @@ def phase_sibling(ref: AnalysisRef, phase: str, refs: Sequence[AnalysisRef]) -> 
     return None
 
 
-def package_refs(path: str | Path) -> list[AnalysisRef]:
+def package_refs(path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[AnalysisRef]:
     """A ``.mlpackage`` someone else built, analysed from its protobuf (no spec, no equivalence): one ref, or
-    one per function of a multi-function package."""
+    one per function of a multi-function package. A flexible package is analysed at ``shapes`` (input name →
+    shape, else the stated defaults: :mod:`analyzer.graph.shapes`), which its label carries; a shape outside its
+    input's range, a name no input has or a flexible dimension with no default is a ShapeError. A Core AI
+    ``.aimodel`` is one ref (its ``main``; its shapes are static)."""
     p = Path(path).expanduser().resolve()
-    functions = list_functions(p)
-    if len(functions) == 1:
-        return [AnalysisRef(id=f"package:{p}", kind="package", label=f"{p.name} · package · {p.parent}", path=p,
-                            variant=None, package_path=p)]
-    return [AnalysisRef(id=f"package:{p}#{fn}", kind="package",
-                        label=f"{p.name} · function {fn} · package · {p.parent}", path=p, variant=None,
-                        package_path=p, function=fn, phase=fn if fn in PHASES else "decode") for fn in functions]
+    if looks_like_asset(p):
+        return [AnalysisRef(id=f"package:{p}", kind="package", label=f"{p.name} · Core AI asset · {p.parent}", path=p,
+                            variant=None)]
+    assumed, given = package_shapes(p, shapes), tuple(sorted((shapes or {}).items()))
+    one = len(assumed) == 1
+    return [AnalysisRef(id=f"package:{p}" + ("" if one else f"#{fn}"), kind="package", path=p, variant=None,
+                        label=f"{p.name}{'' if one else f' · function {fn}'} · package · {p.parent}{shapes_label(a)}",
+                        package_path=p, function=None if one else fn, shapes=given,
+                        phase="decode" if one or fn not in PHASES else fn) for fn, a in assumed.items()]
 
 
-def catalog(root: str | Path | None = None, packages: tuple[str, ...] = (),
-            folder: Path = SHIPPED_DIR) -> list[AnalysisRef]:
-    """Shipped analyses first, then cached builds (newest first), then analysed packages."""
-    return [*shipped_refs(folder), *build_refs(root), *(r for p in packages for r in package_refs(p))]
+def catalog(root: str | Path | None = None, packages: tuple[str, ...] = (), folder: Path = SHIPPED_DIR,
+            shapes: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None) -> list[AnalysisRef]:
+    """Shipped analyses first, then cached builds (newest first), then analysed packages (each at its ``shapes``)."""
+    return [*shipped_refs(folder), *build_refs(root),
+            *(r for p in packages for r in _package_refs_or_none(p, (shapes or {}).get(p)))]
+
+
+def _package_refs_or_none(path: str, shapes: Mapping[str, tuple[int, ...]] | None) -> list[AnalysisRef]:
+    """A session's package that is gone or broken since it was analysed is left out, not fatal to every page."""
+    try:
+        return package_refs(path, shapes)
+    except QfoldError:
+        return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,14 +360,17 @@ def measured_pairs(refs: Sequence[AnalysisRef], mapping: dict[str, str | None],
 
 def matching_pair(ref: AnalysisRef, refs: Sequence[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | None:
     """``ref`` and its counterpart (the other variant of the same spec: source, overrides, KV mode, ctx,
-    compression) as (baseline, candidate), or None when ``ref`` is neither variant or has no counterpart."""
+    compression, backend, weights; of the same build mode where one exists) as (baseline, candidate), or None
+    when ``ref`` is neither variant or has no counterpart."""
     others = {BASELINE_VARIANT: CANDIDATE_VARIANT, CANDIDATE_VARIANT: BASELINE_VARIANT}
     if ref.variant not in others or not ref.spec:
         return None
-    twin = next((r for r in refs if r.variant == others[ref.variant] and r.kind == ref.kind and r.spec == ref.spec),
-                None)
-    if twin is None:
+    twins = [r for r in refs if r.variant == others[ref.variant] and r.kind == ref.kind and r.spec == ref.spec]
+    if not twins:
         return None
+    # analysis and materialised builds of one spec give one analysis; the twin of the same mode comes first
+    mode = ref.facts.build_mode if ref.facts else None
+    twin = next((r for r in twins if r.facts and r.facts.build_mode == mode), twins[0])
     return (ref, twin) if ref.variant == BASELINE_VARIANT else (twin, ref)
 
 
@@ -372,5 +394,4 @@ def default_pair(refs: list[AnalysisRef],
 
 
 def builds_root() -> Path:
-    """Where cached builds live for this process (``$QFOLD_BUILDS`` or ``builds/``)."""
-    return builds_dir()
+    return builds_dir()  # $QFOLD_BUILDS or builds/

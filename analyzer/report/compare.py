@@ -1,14 +1,15 @@
 """Apples to apples: what, besides the variant, differs between the two analyses of an A/B.
 
 An A/B is meant to change one thing, the attention variant. When A and B also differ in model, size, attention
-geometry, ctx, KV mode, compression or build mode, every byte and op difference mixes the variant's effect with
-the others', so the dashboard and the report say so above the headline, naming each difference::
+geometry, ctx, KV mode, compression, build mode, backend (Core ML or Core AI) or weight dtype, every byte and op
+difference mixes the variant's effect with the others', so the dashboard and the report say so above the headline,
+naming each difference::
 
     compare(a, b).differences
     → (Difference("model", "exaone-4.0-1.2b (exaone4)", "qwen3-0.6b (qwen3)"), Difference("ctx", "4096", "256"))
 
-A ``.mlpackage`` made by another tool records none of these facts; :attr:`Comparability.unknown` names the
-side, so the page can say it cannot check rather than stay silent.
+A ``.mlpackage`` or ``.aimodel`` made by another tool records none of these facts but its backend (read off the
+program); :attr:`Comparability.unknown` names the side, so the page can say it cannot check rather than stay silent.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from analyzer.graph.buildinfo import BuildInfo, StoredSpec
+from analyzer.graph.buildinfo import BuildInfo
 from analyzer.graph.record import Analysis
+from analyzer.model.compress_spec import preset_of
 from analyzer.model.sources import STRUCTURE_OVERRIDES
+from analyzer.model.spec import MATERIALISED_MODE, BuildSpec
 
-DEFAULT_BUILD_MODE = "materialised"  # builds made before build modes existed converted real weight tensors
+DEFAULT_BUILD_MODE = MATERIALISED_MODE  # builds made before build modes existed converted real weight tensors
 
 
 def size_mode(overrides: tuple[str, ...] | list[str]) -> str:
@@ -43,18 +46,17 @@ def is_structure(overrides: tuple[str, ...] | list[str]) -> bool:
     return all(o in overrides for o in STRUCTURE_OVERRIDES)
 
 
-def compression_name(spec: StoredSpec) -> str:
+def compression_name(spec: BuildSpec) -> str:
     """``fp16``, the preset a canonical compression spec is (``top8``), or the canonical spec itself."""
     if not spec.compression:
         return "fp16"
-    from analyzer.build.compress.spec import preset_of
 
     layers = spec.source.config_dict.get("num_hidden_layers", 0)
     return preset_of(spec.compression, layers if isinstance(layers, int) else 0) or spec.compression
 
 
-def build_mode(spec: StoredSpec) -> str:
-    """How the build converted its weights (``StoredSpec.build_mode``; documents older than build modes read as
+def build_mode(spec: BuildSpec) -> str:
+    """How the build converted its weights (``BuildSpec.build_mode``; documents older than build modes read as
     materialised)."""
     return spec.build_mode or DEFAULT_BUILD_MODE
 
@@ -70,6 +72,11 @@ class BuildFacts:
     kv_mode: str
     compression: str
     build_mode: str
+    backend: str = "Core ML"  # "Core ML" | "Core AI"
+    weights: str = "fp16"  # the torch weights' dtype
+
+
+BACKEND_NAMES = {"coreml": "Core ML", "coreai": "Core AI"}
 
 
 def build_facts(info: BuildInfo) -> BuildFacts:
@@ -82,6 +89,8 @@ def build_facts(info: BuildInfo) -> BuildFacts:
         kv_mode=spec.kv_mode,
         compression=compression_name(spec),
         build_mode=build_mode(spec),
+        backend=BACKEND_NAMES.get(spec.backend, spec.backend),
+        weights=spec.weights,
     )
 
 
@@ -94,6 +103,8 @@ ASPECTS: tuple[tuple[str, Callable[[BuildFacts], str]], ...] = (
     ("KV mode", lambda f: f.kv_mode),
     ("compression", lambda f: f.compression),
     ("build mode", lambda f: f.build_mode),
+    ("backend", lambda f: f.backend),
+    ("weights", lambda f: f.weights),
 )
 
 
@@ -135,8 +146,9 @@ class Comparability:
 def compare(a: Analysis, b: Analysis) -> Comparability:
     """The aspects (:data:`ASPECTS`) in which A's and B's builds differ."""
     unknown = tuple(side for side, x in (("A", a), ("B", b)) if x.build is None)
-    if a.build is None or b.build is None:
-        return Comparability((), unknown)
+    if a.build is None or b.build is None:  # the backend is known from the program itself
+        ba, bb = (BACKEND_NAMES[x.program.backend] for x in (a, b))
+        return Comparability((Difference("backend", ba, bb),) if ba != bb else (), unknown)
     fa, fb = build_facts(a.build), build_facts(b.build)
     diffs = tuple(Difference(name, get(fa), get(fb)) for name, get in ASPECTS if get(fa) != get(fb))
     return Comparability(diffs, ())

@@ -7,6 +7,7 @@ drawn is what is tabled. MiB (2^20 bytes) and MB (10^6 bytes) appear only on axe
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from analyzer import fmt
 from analyzer.fmt import MIB
-from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.accounting import CATEGORIES, OP_COLUMNS
 from analyzer.graph.diff import ABDiff
 from analyzer.graph.record import Analysis
 
@@ -71,12 +72,11 @@ TITLE_LINE_PX = 22  # a 17 px title line with its leading
 def wrap_label(text: str, width: int = LABEL_WRAP_CHARS, max_lines: int = LABEL_MAX_LINES) -> str:
     """``text`` broken into plotly lines (``<br>``) of at most ``width`` characters, at most ``max_lines`` of them
     (the last one ending in ``…`` when text was cut): a long build label never squeezes the plot."""
-    import textwrap
 
     lines = textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
     if len(lines) > max_lines:
         lines = [*lines[:max_lines - 1], lines[max_lines - 1][:width - 1] + "…"]
-    return "<br>".join(lines)
+    return "<br>".join(map(fmt.plot_text, lines))  # a label is a package's or a log's text: never markup
 
 
 def label_lines(text: str) -> list[str]:
@@ -130,7 +130,8 @@ def category_bars_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str =
     """Bytes per token by category, A and B side by side (MiB)."""
     cats = frame[frame["in_total"]]
     fig = go.Figure()
-    for col, label, color in (("a_bytes", label_a, COLOR_A), ("b_bytes", label_b, COLOR_B)):
+    for col, label, color in (("a_bytes", fmt.plot_text(label_a), COLOR_A), ("b_bytes", fmt.plot_text(label_b),
+                                                                               COLOR_B)):
         fig.add_bar(x=cats["category"], y=cats[col] / MIB, name=label, marker_color=color,
                     customdata=cats[col], hovertemplate="%{x}: %{customdata:,} B<extra>" + label + "</extra>")
     return style(fig, "Bytes per decode token by category (MiB)", barmode="group", yaxis_title="MiB per token")
@@ -151,8 +152,8 @@ def op_count_frame(diff: ABDiff, changed_only: bool = False) -> pd.DataFrame:
 def op_count_figure(frame: pd.DataFrame, label_a: str = "A", label_b: str = "B") -> go.Figure:
     """Grouped bars of op counts per type; the B bar is labelled with its change."""
     fig = go.Figure()
-    fig.add_bar(x=frame["type"], y=frame["a"], name=label_a, marker_color=COLOR_A)
-    fig.add_bar(x=frame["type"], y=frame["b"], name=label_b, marker_color=COLOR_B,
+    fig.add_bar(x=frame["type"], y=frame["a"], name=fmt.plot_text(label_a), marker_color=COLOR_A)
+    fig.add_bar(x=frame["type"], y=frame["b"], name=fmt.plot_text(label_b), marker_color=COLOR_B,
                 text=[f"{d:+,}" if d else "" for d in frame["delta"]], textposition="outside")
     return style(fig, "Op counts by type (with B − A)", barmode="group", yaxis_title="ops",
                    xaxis_tickangle=-45)
@@ -201,7 +202,8 @@ def layer_frame(a: Analysis, b: Analysis, label_a: str = "A", label_b: str = "B"
 def layer_figure(frame: pd.DataFrame) -> go.Figure:
     """Side by side, one panel per analysis: bytes per layer stacked by category (MiB)."""
     labels = list(dict.fromkeys(frame["analysis"]))
-    fig = make_subplots(rows=1, cols=max(len(labels), 1), shared_yaxes=True, subplot_titles=labels,
+    fig = make_subplots(rows=1, cols=max(len(labels), 1), shared_yaxes=True,
+                        subplot_titles=[fmt.plot_text(label) for label in labels],
                         horizontal_spacing=0.04)
     for col, label in enumerate(labels, start=1):
         part = frame[frame["analysis"] == label]
@@ -220,7 +222,6 @@ def layer_figure(frame: pd.DataFrame) -> go.Figure:
 # ------------------------------------------------------------------------------------------------- ops
 def op_frame(op_rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """``accounting.ByteAccount.op_rows()`` as a frame (layer nullable)."""
-    from analyzer.graph.accounting import OP_COLUMNS
 
     frame = pd.DataFrame(list(op_rows), columns=list(OP_COLUMNS))
     frame["layer"] = frame["layer"].astype("Int64")

@@ -4,12 +4,15 @@ and what the byte figures assume. The A/B page leads with it and the HTML report
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
 
 from analyzer import fmt
-from analyzer.device.bandwidth import predicted_tok_per_s
+from analyzer.convert.fold_cache import fold_record_of
+from analyzer.convert.launch import ASSET_NAME
+from analyzer.device.bandwidth_model import predicted_tok_per_s
 from analyzer.graph.accounting import CATEGORIES, BytesPerToken
 from analyzer.graph.record import Analysis
 from analyzer.report.assumptions import assumption_notes
@@ -77,7 +80,7 @@ def equivalence_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
 
 
 def _fold_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
-    """A build and its fold (``repeat_kv+fold``, analyzer.build.fold): the MIL interpreter's proof."""
+    """A build and its fold (``repeat_kv+fold``, analyzer.convert.fold): the MIL interpreter's proof."""
     for orig, folded in ((a, b), (b, a)):
         if orig.build is None or folded.build is None or folded.build.extra.get("folded_from") != orig.build.key:
             continue
@@ -92,24 +95,24 @@ def _fold_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
 
 
 def package_fold_summary(package_a, package_b) -> EquivalenceSummary | None:
-    """A package and its cached fold (``analyzer.build.fold.fold_cached``, e.g. the Builds page's "Fold it"):
-    the MIL interpreter's proof from the fold's record; None for any other pair of packages."""
-    from pathlib import Path
-
-    from analyzer.build.fold import fold_record_of
-
-    for orig, folded in ((package_a, package_b), (package_b, package_a)):
+    """A package or Core AI asset (or the build folder holding one) and its cached fold
+    (``analyzer.convert.fold.fold_cached``, e.g. the Builds page's "Fold it"): the proof from the fold's record (the
+    MIL interpreter's, or the Core AI runtime's); None for any other pair."""
+    for orig, folded, names in ((package_a, package_b, ("original", "folded")),
+                                (package_b, package_a, ("folded", "original"))):
         record = fold_record_of(folded)
+        if orig is not None and (Path(orig) / ASSET_NAME).is_dir():  # a Core AI build: its asset was folded
+            orig = Path(orig) / ASSET_NAME
         if record is None or orig is None or record.get("source_path") != str(Path(orig).resolve()):
             continue
         proof = record["proof"]
         if not proof.get("checked"):
             return None
-        names = ("original", "folded") if orig == package_a else ("folded", "original")
         return EquivalenceSummary(
             variant_a=names[0], variant_b=names[1], steps=int(proof["steps"]),
             fp16_bit_identical=bool(proof["bit_identical"]), fp16_max_abs_diff=max(proof["max_abs_diff"].values()),
-            fp32_max_abs_diff=None, greedy_agree_steps=None, checked="MIL interpreter, folded vs original")
+            fp32_max_abs_diff=None, greedy_agree_steps=None,
+            checked=f"{proof.get('engine', 'the MIL interpreter').removeprefix('the ')}, folded vs original")
     return None
 
 

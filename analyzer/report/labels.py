@@ -1,7 +1,9 @@
 """Device-log build labels mapped to the analyses they name (``exaone-qfold-top8`` → the shipped top8 Q-fold).
 
-A label maps only when it names, as whole words, one variant, a model the catalog has and optionally a compression
-preset and a ctx; anything ambiguous or unknown stays unmapped with the reason, never a silent fallback::
+A label that is an analysis's own label (as the pickers show it; ``bench`` logs its builds under theirs:
+:func:`bench_label`) or a build key maps to that analysis. Otherwise a label maps only when it names, as whole
+words, one variant, a model the catalog has and optionally a compression preset and a ctx; anything ambiguous or
+unknown stays unmapped with the reason, never a silent fallback::
 
     match_log_label("exaone-qfold-top8", refs).ref_id   → "shipped:exaone-4.0-1.2b-qfold-state-ctx4096-top8"
     match_log_label("qwen-qfold", refs).reason           → "names no model qfold has an analysis of (exaone-4.0-1.2b)"
@@ -12,8 +14,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from analyzer.report.catalog import DEFAULT_KV_MODE, AnalysisRef, RefFacts, variant_names
+from analyzer.convert.compress import PRESETS
+from analyzer.errors import QfoldError
+from analyzer.graph.record import ANALYSIS_FILE, read_analysis_file
+from analyzer.report.catalog import DEFAULT_KV_MODE, AnalysisRef, RefFacts, build_refs_of, variant_names
 
 _DELIMITED = r"(?:^|(?<=[-_.\s/:,;()\[\]]))({names})(?=$|[-_.\s/:,;()\[\]])"
 
@@ -66,6 +72,9 @@ def match_log_label(label: str, refs: Sequence[AnalysisRef], contexts: frozenset
     by_key = {r.id.removeprefix("build:"): r for r in refs if r.kind == "build"}
     if label in by_key:
         return LabelMatch(label, by_key[label].id, "the label is this build's key")
+    own = next((r for r in refs if r.label == label), None)
+    if own is not None:
+        return LabelMatch(label, own.id, "the label is this analysis's own")
     candidates = [r for r in refs if r.facts is not None]
     variants = {m.group(1).lower() for m in _delimited(variant_names()).finditer(label)}
     if len(variants) != 1:
@@ -73,7 +82,6 @@ def match_log_label(label: str, refs: Sequence[AnalysisRef], contexts: frozenset
         return LabelMatch(label, None, f"names {what}; a label maps when it names one of "
                                        f"{', '.join(sorted(variant_names()))}")
     variant = variants.pop()
-    from analyzer.build.compress import PRESETS
 
     levels = {m.group(1).lower() for m in _delimited(list(PRESETS)).finditer(label)}
     if len(levels) > 1:
@@ -118,3 +126,18 @@ def default_log_mapping(labels: Sequence[str], refs: Sequence[AnalysisRef],
                         contexts: dict[str, frozenset[int]] | None = None) -> dict[str, str | None]:
     """Device-log build label → analysis id (None: unmapped), by :func:`match_log_label`."""
     return {label: m.ref_id for label, m in log_label_matches(labels, refs, contexts).items()}
+
+
+def bench_label(target: str | Path) -> str | None:
+    """The label a ``bench`` target is logged under by default: the label the pickers show for the build it is (a
+    build folder, or the ``.aimodel`` inside one), so its log rows map back to that build by themselves; None for an
+    asset outside a build (or a build folder that cannot be read: bench names it by its key, as before)."""
+    p = Path(target)
+    folder = p if p.is_dir() and (p / ANALYSIS_FILE).is_file() else p.parent
+    if not (folder / ANALYSIS_FILE).is_file():
+        return None
+    try:
+        refs = build_refs_of(read_analysis_file(folder))
+    except (QfoldError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return refs[0].label if len(refs) == 1 else None

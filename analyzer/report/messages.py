@@ -5,6 +5,7 @@ instead::
     "--model '/x': not a preset (…)"                 → "'/x': not a preset (…)"
     "… max_position_embeddings=65,536; … (--force-ctx if you mean it)" → "… (choose a context length within it)"
     "--ctx 0: must be a positive integer"            → "context length 0: must be a positive integer"
+    "inputIds [1,8] (given (--shape))"              → "inputIds [1,8] (given)"
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ _PHRASES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\(use --map\)"), "(map it on the Device logs page)"),
     (re.compile(r", e\.g\. --set \S+"), ""),
     (re.compile(r"(?<![\w-])--model\s+"), ""),
+    (re.compile(r"given \(--shape\)"), "given"),  # an assumed shape's how (analyzer.graph.shapes)
 )
 _FLAG_NAMES: dict[str, str] = {
     "set": "setting",
@@ -27,6 +29,11 @@ _FLAG_NAMES: dict[str, str] = {
     "weight-charge": "weight charge",
     "compression": "compression",
     "variant": "variant",
+    "shape": "shape",
+    "backend": "backend",
+    "weights": "weights",
+    "mode": "build mode",
+    "phase": "phase",
 }
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z-]*)")
 

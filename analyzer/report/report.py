@@ -12,6 +12,8 @@ import html
 import math
 import os
 import shlex
+import stat
+import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -24,7 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer.device.bandwidth import WRITEUP_AB_IPHONE
+from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE
 from analyzer.graph.diff import diff_analyses
 from analyzer.graph.record import Analysis
 from analyzer.report import figures, graphview
@@ -204,11 +206,12 @@ that zips it on the server instead (:func:`zip_command`)."""
 
 def package_files(path: Path) -> list[Path]:
     """The regular files of a ``.mlpackage`` folder, sorted; symlinks are neither followed nor included (a link in
-    a package made elsewhere could point anywhere on the server)."""
+    a package made elsewhere could point anywhere on the server), nor FIFOs, sockets or devices (reading one
+    would hang or stream forever)."""
     out = []
     for folder, dirs, files in os.walk(path, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not (Path(folder) / d).is_symlink())
-        out += [Path(folder) / f for f in sorted(files) if not (Path(folder) / f).is_symlink()]
+        out += [Path(folder) / f for f in sorted(files) if stat.S_ISREG((Path(folder) / f).lstat().st_mode)]
     return out
 
 
@@ -240,8 +243,17 @@ def zip_package(path: Path, root_name: str | None = None) -> bytes:
         return tmp.read()
 
 
+ZIP_SCRIPT = ("import sys; from pathlib import Path; from analyzer.report.report import zip_package_to; "
+              'zip_package_to(Path(sys.argv[1]), open(sys.argv[2], "xb"), sys.argv[3])')
+
+
 def zip_command(path: Path, out_name: str) -> str:
-    """The shell command that zips ``path`` on the server as the download would (Python's own ``zipfile``, so it
-    works wherever qfold runs, no ``zip`` binary needed)."""
-    return (f"cd {shlex.quote(str(path.parent))} && python -m zipfile -c {shlex.quote('/tmp/' + out_name)} "
-            f"{shlex.quote(path.name)}")
+    """The shell command that zips ``path`` on the server exactly as the download does: qfold's own
+    :func:`zip_package_to` (regular files only; a link out of the package is never followed, a FIFO never read),
+    run by this server's Python from the folder its ``analyzer`` package is imported from. (``python -m zipfile
+    -c`` would follow a link and copy what it points at into the zip.) The zip is created, never overwritten
+    (``/tmp`` is shared: a file or link already there is refused)."""
+    q = shlex.quote
+    home = Path(__file__).resolve().parents[2]  # holds analyzer/: a checkout or site-packages
+    return (f"cd {q(str(home))} && {q(sys.executable)} -c {q(ZIP_SCRIPT)} {q(str(path))} {q('/tmp/' + out_name)} "
+            f"{q(out_name.removesuffix('.zip'))}")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 import plotly.graph_objects as go
 
+from analyzer import fmt
 from analyzer.device.roofline import CallPrediction, PrefillRun, Roof, TimeToFirstToken, predict
 from analyzer.graph.record import Analysis
 from analyzer.report.figures import COLOR_A, COLOR_B, DEVICE_COLORS, style
@@ -89,7 +90,7 @@ def roofline_figure(frame: pd.DataFrame, roof: Roof) -> go.Figure:
         text = [f"{side} {phase}" for _ in range(len(part))]
         fig.add_scatter(
             x=list(part["intensity_flops_per_byte"]), y=flops, mode="markers+text", text=text,
-            textposition="top center", name=f"{side} · {phase} ({part['label'].iloc[0]})",
+            textposition="top center", name=fmt.plot_text(f"{side} · {phase} ({part['label'].iloc[0]})"),
             marker={"size": 13, "color": color, "symbol": _PHASE_SYMBOLS.get(str(phase), "square")},
             customdata=list(zip(part["bound"], part["time_per_call_s"] * 1e3, part["tok_per_s"], strict=True)),
             hovertemplate="%{text}<br>%{x:,.3g} FLOP/byte, %{y:,.3g} FLOP/s<br>%{customdata[0]}-bound, "
@@ -132,8 +133,9 @@ def prefill_runs_figure(frame: pd.DataFrame, roof: Roof) -> go.Figure:
         part = placed[placed["device"] == device]
         color = DEVICE_COLORS[i % len(DEVICE_COLORS)]
         x = [float(v) for v in part["intensity_flops_per_byte"]]
-        fig.add_scatter(x=x, y=[float(v) for v in part["implied_flops_per_s"]], mode="markers+text", name=device,
-                        text=list(part["build"]), textposition="top center", marker={"size": 11, "color": color},
+        fig.add_scatter(x=x, y=[float(v) for v in part["implied_flops_per_s"]], mode="markers+text",
+                        name=fmt.plot_text(device), text=[fmt.plot_text(b) for b in part["build"]],  # the logs' text
+                        textposition="top center", marker={"size": 11, "color": color},
                         hovertemplate="%{text}: measured %{y:,.3g} FLOP/s at %{x:,.3g} FLOP/byte<extra></extra>")
         fig.add_scatter(x=x, y=[roof.attainable_flops_per_s(v) for v in x], mode="markers", showlegend=False,
                         marker={"size": 11, "color": color, "symbol": "circle-open"},

@@ -3,7 +3,9 @@
 As in ``analyzer.report.figures``, each chart draws exactly the frame that is shown and downloaded beside it:
 ``sweep_frame`` holds one row per finished point (bytes stay ints), ``measured_frame`` one row per measured
 condition (runs averaged as seconds per token). Both charts have log axes and name their units; one line per
-(model, variant, compression), measured points as markers.
+(model, variant, compression), measured points as markers. A point derived from converted points (status
+``derived``, ``analyzer.device.sweep_derive``) is an open marker whose hover names the ctx it came from; the
+``provenance`` column says the same in the table.
 """
 
 from __future__ import annotations
@@ -15,14 +17,28 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from analyzer import fmt
+from analyzer.device.sweep_table import FINISHED
+from analyzer.device.timing_report import observations_from
 from analyzer.fmt import MB
 from analyzer.report.figures import DEVICE_COLORS, style
 
-SWEEP_COLUMNS: tuple[str, ...] = ("line", "model", "variant", "compression", "ctx", "phase", "status", "tile_count",
-                                  "bytes_total", "bytes_kv_read", "bytes_replication", "bytes_weights",
-                                  "predicted_tok_per_s", "device_profile", "key")
+SWEEP_COLUMNS: tuple[str, ...] = ("line", "model", "variant", "compression", "ctx", "phase", "status", "provenance",
+                                  "tile_count", "bytes_total", "bytes_kv_read", "bytes_replication", "bytes_weights",
+                                  "predicted_tok_per_s", "device_profile", "key", "derived_from_ctx")
 MEASURED_COLUMNS: tuple[str, ...] = ("device", "build", "context_length", "n_runs", "tok_per_s")
 DASH = {"repeat_kv": "solid", "qfold": "dash"}
+DERIVED_LEGEND = "○ derived from converted points (affine in ctx)"
+
+
+def provenance(status: str, derived_from_ctx: str) -> str:
+    """Where a row's figures come from, in words: converted, or derived from which ctx."""
+    if status != "derived":
+        return "converted" if status == "built" else "converted (reused)"
+    ctx = [c for c in str(derived_from_ctx).split(",") if c.strip()]
+    if len(ctx) != 3:
+        return "derived"
+    return f"derived from ctx {ctx[0]} and {ctx[1]} (checked at ctx {ctx[2]})"
 
 
 def sweep_frame(table: pd.DataFrame | Sequence[Any]) -> pd.DataFrame:
@@ -31,9 +47,13 @@ def sweep_frame(table: pd.DataFrame | Sequence[Any]) -> pd.DataFrame:
         table = pd.DataFrame.from_records([r.record() for r in table])
     if table.empty:
         return pd.DataFrame(columns=list(SWEEP_COLUMNS))
-    ok = table[table["status"].isin(["built", "reused"])].copy()
+    ok = table[table["status"].isin(FINISHED)].copy()
     if "phase" not in ok.columns:
         ok["phase"] = "decode"
+    if "derived_from_ctx" not in ok.columns:  # a table from before derived points
+        ok["derived_from_ctx"] = ""
+    ok["derived_from_ctx"] = ok["derived_from_ctx"].fillna("").astype(str)
+    ok["provenance"] = [provenance(s, d) for s, d in zip(ok["status"], ok["derived_from_ctx"], strict=True)]
     ok["line"] = [f"{m} · {v} · {c}" + ("" if p == "decode" else f" · {p} (prompt tok/s)")
                   for m, v, c, p in zip(ok["model"], ok["variant"], ok["compression"], ok["phase"], strict=True)]
     for col in SWEEP_COLUMNS:
@@ -49,7 +69,6 @@ def sweep_frame(table: pd.DataFrame | Sequence[Any]) -> pd.DataFrame:
 
 def measured_frame(measurements: Sequence[Any]) -> pd.DataFrame:
     """Measured log rows that have a context length, averaged per condition as seconds per token."""
-    from analyzer.device.model_report import observations_from
 
     rows = [{"device": o.device, "build": o.build, "context_length": o.context_length, "n_runs": o.n_runs,
              "tok_per_s": o.tok_per_s}
@@ -58,12 +77,20 @@ def measured_frame(measurements: Sequence[Any]) -> pd.DataFrame:
 
 
 def _lines(fig: go.Figure, frame: pd.DataFrame, y: str, scale: float, hover: str) -> None:
+    """One line per series; a derived point is an open marker, and every hover says where the point came from."""
     for i, line in enumerate(dict.fromkeys(frame["line"])):
         part = frame[frame["line"] == line]
         variant = str(part["variant"].iloc[0])
-        fig.add_scatter(x=list(part["ctx"]), y=[float(v) / scale for v in part[y]], mode="lines+markers", name=line,
+        fig.add_scatter(x=list(part["ctx"]), y=[float(v) / scale for v in part[y]], mode="lines+markers",
+                        name=fmt.plot_text(line),
                         line={"dash": DASH.get(variant, "dot"), "color": DEVICE_COLORS[i % len(DEVICE_COLORS)]},
-                        hovertemplate="ctx %{x}<br>" + hover + "<extra>" + line + "</extra>")
+                        marker={"symbol": ["circle-open" if s == "derived" else "circle" for s in part["status"]],
+                                "size": 8},
+                        customdata=list(part["provenance"]),
+                        hovertemplate="ctx %{x}<br>" + hover + "<br>%{customdata}<extra>" + line + "</extra>")
+    if (frame["status"] == "derived").any():  # a legend entry that says what an open marker is
+        fig.add_scatter(x=[None], y=[None], mode="markers", name=DERIVED_LEGEND, hoverinfo="skip",
+                        marker={"symbol": "circle-open", "size": 8, "color": "gray"})
 
 
 def _log_axes(fig: go.Figure, y_title: str, values: Sequence[float]) -> None:
@@ -86,9 +113,10 @@ def tok_per_s_figure(frame: pd.DataFrame, measured: pd.DataFrame | None = None, 
             part = measured[(measured["device"] == device) & (measured["build"] == build)]
             values += [float(v) for v in part["tok_per_s"]]
             fig.add_scatter(x=list(part["context_length"]), y=list(part["tok_per_s"]), mode="markers",
-                            name=f"measured: {device} · {build}",
+                            name=fmt.plot_text(f"measured: {device} · {build}"),  # the logs' text
                             marker={"size": 10, "symbol": "diamond", "color": DEVICE_COLORS[-1 - j % 4]},
-                            hovertemplate="ctx %{x}<br>%{y:.2f} tok/s measured<extra>" + build + "</extra>")
+                            hovertemplate="ctx %{x}<br>%{y:.2f} tok/s measured<extra>" + fmt.plot_text(build)
+                                          + "</extra>")
     _log_axes(fig, "tok/s (log)", values)
     title = "Predicted tok/s vs context length" + (f" at {profile_label}" if profile_label else "")
     return style(fig, title + "; measured ◆", height=480)
@@ -106,6 +134,6 @@ def progress_frame(rows: Sequence[Any]) -> pd.DataFrame:
     """Live rows while a sweep runs: the point, its status and what it is doing."""
     return pd.DataFrame.from_records(
         [{"model": r.point.model, "compression": r.point.compression, "variant": r.point.variant,
-          "ctx": r.point.ctx, "status": r.status, "stage": r.stage, "seconds": round(r.seconds, 1),
-          "error": r.error} for r in rows],
-        columns=["model", "compression", "variant", "ctx", "status", "stage", "seconds", "error"])
+          "ctx": r.point.ctx, "status": r.status, "derived_from_ctx": r.derived_from_text, "stage": r.stage,
+          "seconds": round(r.seconds, 1), "error": r.error} for r in rows],
+        columns=["model", "compression", "variant", "ctx", "status", "derived_from_ctx", "stage", "seconds", "error"])

@@ -31,6 +31,7 @@ from __future__ import annotations
 from analyzer.device.logs.cells import parse_decimal
 from analyzer.device.logs.detect import FORMATS, LogFormatSpec
 from analyzer.device.logs.importer import parse_log, parse_logs
+from analyzer.device.logs.log_summary import GROUP_FIELDS, BuildDeviceSummary, summarize
 from analyzer.device.logs.readers.llama_bench import BUILD_FIELDS as LLAMA_BENCH_BUILD_FIELDS
 from analyzer.device.logs.readers.llama_bench import DEVICE_FIELDS as LLAMA_BENCH_DEVICE_FIELDS
 from analyzer.device.logs.readers.llama_bench import REQUIRED_FIELDS as LLAMA_BENCH_REQUIRED
@@ -52,7 +53,6 @@ from analyzer.device.logs.records import (
     Phase,
     Severity,
 )
-from analyzer.device.logs.summary import GROUP_FIELDS, BuildDeviceSummary, summarize
 from analyzer.device.logs.text import check_size, normalize_label
 from analyzer.device.logs.validate import MEASUREMENT_SCHEMA
 

@@ -51,6 +51,8 @@ def parse_count(text: str, what: str) -> tuple[int | None, str | None]:
     if not s:
         return None, None
     if re.fullmatch(r"[-+]?[0-9]+", s):
+        if len(s.lstrip("+-")) > 19:  # beyond int64 anyway; int() of > 4,300 digits raises a bare ValueError
+            return None, f"{what} is out of range"
         value = int(s)
         if abs(value) > _INT64_MAX:
             return None, f"{what} is out of range"

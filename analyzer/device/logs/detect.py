@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from analyzer.device.logs.readers import (
     anemll,
+    coreml_llm_cli,
     executorch,
     executorch_coreml,
     llama_bench,
@@ -58,6 +59,8 @@ _SPECS = (
                   "(X tok/s)')", executorch_coreml.read, executorch_coreml.detect),
     LogFormatSpec("anemll-chat", "ANEMLL chat.py ('Prefill: T ms (X t/s)', 'Inference: X t/s')", anemll.read,
                   anemll.detect),
+    LogFormatSpec("coreml-llm-cli", "coreml-llm-cli's summary ('Generate : A +/- S ms / token', 'T +/- S token / "
+                  "sec', 'Prompt : X ms')", coreml_llm_cli.read, coreml_llm_cli.detect),
     LogFormatSpec("llama-bench-json", "llama-bench -o json", llama_bench_dump.read_json),
     LogFormatSpec("llama-bench-jsonl", "llama-bench -o jsonl", llama_bench_dump.read_jsonl),
     LogFormatSpec("llama-bench-sql", "llama-bench -o sql (INSERT INTO llama_bench …)", llama_bench_dump.read_sql),

@@ -2,7 +2,7 @@
 
 Public API (stable; the fold pass and the ``run`` CLI use it):
 
-    load_program(path, function=None) -> Interpreter
+    load_interpreter(path, function=None) -> Interpreter
         path: an .mlpackage or a build folder holding one; function: default "main" (multi-function packages).
         Raises MilError (unreadable package) or UnknownOpError (an op type with no kernel, named with its op).
     Interpreter.run(inputs: dict[str, np.ndarray], states: dict[str, np.ndarray] | None = None) -> RunResult
@@ -14,6 +14,7 @@ Public API (stable; the fold pass and the ``run`` CLI use it):
         masks, states from zero, a host cache for KV inputs. roles=None infers them for qfold's own builds and
         raises InterpretError otherwise. DecodeRun(outputs: list[dict], states, tokens [steps, Q], roles,
         random_inputs: dict name → the seeded value given to every input no role names).
+    decode_feeds(interp, steps, roles=None, seed=0) -> list[dict]: the inputs of those steps, nothing run
     infer_roles(interp) -> InputRoles | None;  load_roles(json_path) / roles_from_json(dict) -> InputRoles
     max_abs_diff(run_a, run_b) -> dict[output or state name, float]
 
@@ -26,20 +27,22 @@ constexpr_* (compressed) weights are decompressed once, on first use, and cached
 glibc's malloc to reuse freed memory (process-wide; see program._reuse_freed_memory).
 """
 
-from analyzer.graph.interpret.decode import (
+from analyzer.graph.interpret.executor import Interpreter, RunResult, load_interpreter
+from analyzer.graph.interpret.registry import KERNELS, register, supported_op_types
+from analyzer.graph.interpret.roles import (
     DecodeRun,
     InputRoles,
     KvInput,
+    decode_feeds,
     decode_steps,
     infer_roles,
     load_roles,
     max_abs_diff,
     roles_from_json,
 )
-from analyzer.graph.interpret.program import Interpreter, RunResult, load_program
-from analyzer.graph.interpret.registry import KERNELS, register, supported_op_types
 
 __all__ = [
-    "KERNELS", "DecodeRun", "InputRoles", "Interpreter", "KvInput", "RunResult", "decode_steps", "infer_roles",
-    "load_program", "load_roles", "max_abs_diff", "register", "roles_from_json", "supported_op_types",
+    "KERNELS", "DecodeRun", "InputRoles", "Interpreter", "KvInput", "RunResult", "decode_feeds",
+    "decode_steps", "infer_roles",
+    "load_interpreter", "load_roles", "max_abs_diff", "register", "roles_from_json", "supported_op_types",
 ]

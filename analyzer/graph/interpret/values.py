@@ -1,6 +1,6 @@
 """MIL values as NumPy arrays: dtypes, immediate values from ``Model.proto`` and blobs from ``weight.bin``.
 
-Blob data is memory-mapped (``analyzer.graph.mil.Blobs.data``): an fp16 weight is a zero-copy view of the file
+Blob data is memory-mapped (``analyzer.graph.mil_reader.Blobs.data``): an fp16 weight is a zero-copy view of the file
 until an op reads it, so loading a 2.5 GB package reads no weight bytes. Sub-byte data (``uint1..uint6``,
 ``int4``) is stored packed, least significant bit first (coremltools ``optimize._utils.pack_elements_into_bits``,
 the same layout for blobs and for ``bytes`` immediates); it is unpacked to ``uint8`` / ``int8`` on load.
@@ -8,10 +8,13 @@ the same layout for blobs and for ``bytes`` immediates); it is unpacked to ``uin
 
 from __future__ import annotations
 
+import math
+import os
+
 import numpy as np
 
 from analyzer.errors import InterpretError
-from analyzer.graph.mil import Blobs, TensorInfo
+from analyzer.graph.mil_reader import Blobs, TensorInfo
 
 # MIL dtype → the NumPy dtype values of it are held in. Sub-byte integers are widened to one byte.
 NP_DTYPES: dict[str, np.dtype] = {
@@ -26,6 +29,35 @@ SUB_BYTE_BITS = {"int4": 4, "uint1": 1, "uint2": 2, "uint3": 3, "uint4": 4, "uin
 # ``cast``/``constexpr_cast`` name their target with these strings (coremltools types.string_to_builtin).
 CAST_NAMES = {"fp16": "fp16", "fp32": "fp32", "fp64": "fp64", "int8": "int8", "uint8": "uint8", "int16": "int16",
               "uint16": "uint16", "int32": "int32", "uint32": "uint32", "int64": "int64", "bool": "bool"}
+
+
+# The largest array the interpreter makes from a declared shape (states, inputs it fills, op results, constants):
+# a full-size 7-8B decode step's KV state at ctx 32768 is 4 GiB. Declared shapes of 2**40 elements (TiB-PiB) are
+# refused here, before NumPy tries. ``QFOLD_MAX_ARRAY_BYTES`` sets it (inspect and diff allocate nothing and
+# have no such ceiling).
+DEFAULT_MAX_ARRAY_BYTES = 8 << 30
+MAX_ARRAY_BYTES_ENV = "QFOLD_MAX_ARRAY_BYTES"
+
+
+def max_array_bytes() -> int:
+    text = os.environ.get(MAX_ARRAY_BYTES_ENV, "")
+    return int(text) if text.isdigit() and len(text) < 20 else DEFAULT_MAX_ARRAY_BYTES
+
+
+def check_array_size(shape: tuple, dtype: str, what: str) -> int:
+    """The element count of a declared shape, refused (naming ``what``) when a dimension is negative or the array
+    would take more than :func:`max_array_bytes`. Symbolic (None) dimensions are not checked here."""
+    if any(d is None for d in shape):
+        return -1
+    if any(int(d) < 0 for d in shape):
+        raise InterpretError(f"{what}: declared shape {list(shape)} has a negative dimension")
+    count = math.prod(int(d) for d in shape)
+    itemsize = NP_DTYPES[dtype].itemsize if dtype in NP_DTYPES else 1
+    cap = max_array_bytes()
+    if count * itemsize > cap:
+        raise InterpretError(f"{what}: declared shape {list(shape)} ({dtype}) would take {count * itemsize:,} bytes, "
+                             f"more than the {cap:,} an interpreter array may take (${MAX_ARRAY_BYTES_ENV})")
+    return count
 
 
 def np_dtype(mil_dtype: str) -> np.dtype:
@@ -55,7 +87,7 @@ def unpack_bits(packed: np.ndarray, nbits: int, count: int, signed: bool) -> np.
 
 
 def _from_bytes(raw, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)  # Python ints: np.prod in int64 wraps for 2**40 x 2**40
     if dtype in SUB_BYTE_BITS:
         arr = np.frombuffer(raw, np.uint8) if isinstance(raw, bytes) else raw
         return unpack_bits(arr, SUB_BYTE_BITS[dtype], count, signed=dtype == "int4").reshape(shape)
@@ -73,6 +105,7 @@ def decode_value(value, info: TensorInfo, blobs: Blobs) -> np.ndarray | str:
     if any(d is None for d in info.shape):
         raise InterpretError(f"constant {info.name!r} has a symbolic shape {info.shape_text}")
     shape = tuple(int(d) for d in info.shape)  # type: ignore[arg-type]
+    count = check_array_size(shape, info.dtype, f"constant {info.name!r}")
     kind = value.WhichOneof("value")
     if kind == "blobFileValue":
         raw = blobs.data(value.blobFileValue.fileName, value.blobFileValue.offset)
@@ -89,5 +122,9 @@ def decode_value(value, info: TensorInfo, blobs: Blobs) -> np.ndarray | str:
         return strings[0] if shape == () else np.array(strings).reshape(shape)
     if field == "bytes":
         return _from_bytes(tensor.bytes.values, info.dtype, shape).copy()
+    stored = 0 if field is None else len(getattr(tensor, field).values)
+    if stored != count:
+        raise InterpretError(f"constant {info.name!r}: {stored:,} values stored for declared shape {list(shape)} "
+                             f"({count:,} elements)")
     values = [] if field is None else list(getattr(tensor, field).values)
     return np.array(values, dtype=np_dtype(info.dtype)).reshape(shape)

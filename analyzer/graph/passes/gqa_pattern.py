@@ -1,36 +1,50 @@
 """The pattern half of ``qfold::fold_gqa_replication`` (analyzer.graph.passes.gqa_fold): what a KV replication
 chain looks like, as data, and :func:`maybe_fold`, which checks what the pattern cannot express (shapes, the head
 mapping read off the chain on an index tensor) and returns a :class:`Replica` or a :class:`Refusal` with its
-reason. Shapes as in gqa_fold's docstring."""
+reason. Whether a tile is KV replication at all is decided by :func:`analyzer.graph.replication.classify_copy`
+from the facts :func:`tile_facts` reads here (the walker reads the same facts off a saved package, so the pass and
+``inspect`` cannot disagree); the pass adds what its rewrite needs. Shapes as in gqa_fold's docstring."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from coremltools.converters.mil.mil import Block, Operation, Var
-from coremltools.converters.mil.mil.types.symbolic import any_symbolic
+from coremltools.converters.mil.mil.types.symbolic import any_symbolic, is_symbolic
+
+from analyzer.graph.passes.fold_records import Refusal, TileDecision  # noqa: F401  (TileDecision re-exported for gqa_fold)
+from analyzer.graph.replication import (
+    ATTENTION_WEIGHT_OPS,
+    MATMUL_LHS,
+    MATMUL_RHS,
+    MAX_WEIGHT_PATH,
+    OTHER,
+    PLACEHOLDER_SIZES,
+    SDPA_KV,
+    SDPA_OTHER,
+    WEIGHT_MUL,
+    WEIGHT_PATH_OPS,
+    CopyFacts,
+    CopyRead,
+    IndexCache,
+    Replication,
+    SourceCandidate,
+    ViewStep,
+    classify_copy,
+)
 
 # ------------------------------------------------------------------------------------------------ pattern
-# Ops that may sit between the stored K/V and the attention operand: each only moves elements, so its
-# effect is found by running it on an index tensor. ``tile`` is the copy; ``cast`` commutes with any copy
-# (it is re-applied to the un-replicated source).
-_View = Callable[[np.ndarray, Operation], np.ndarray]
-CHAIN_OPS: dict[str, _View] = {
-    "expand_dims": lambda a, op: a.reshape(op.outputs[0].shape),
-    "squeeze": lambda a, op: a.reshape(op.outputs[0].shape),
-    "reshape": lambda a, op: a.reshape(op.outputs[0].shape),
-    "identity": lambda a, op: a,
-    "transpose": lambda a, op: a.transpose(op.perm.val),
-    "tile": lambda a, op: np.tile(a, op.reps.val),
-    "cast": lambda a, op: a,
-}
+# Ops that may sit between the stored K/V and the attention operand: each only moves elements, so its effect is
+# found by running it on an index tensor (``analyzer.graph.replication``). ``tile`` is the copy; ``cast`` commutes
+# with any copy (it is re-applied to the un-replicated source).
+CHAIN_OPS = frozenset({"expand_dims", "squeeze", "reshape", "identity", "transpose", "tile", "cast"})
 # How far back from a tile a source may lie: views and layout copies, not ``cast`` (values) or ``tile``.
 SOURCE_WALK = frozenset({"expand_dims", "squeeze", "reshape", "identity", "transpose"})
-# The attention operands a replica may feed: ``matmul``'s y (Q·Kᵀ and P·V), and ``mul`` for the
-# read-only-cache self term ``w[..., S:] * v_new`` (weight column [.., M, 1] times a replicated row [.., 1, D]).
-ANCHOR_OPS = frozenset({"matmul", "mul"})
+# The attention ops a replica may feed: ``matmul``'s y (Q·Kᵀ, also read as Kᵀ, and P·V), the key and value of
+# the fused ``scaled_dot_product_attention``, and ``mul`` for the read-only-cache self term ``w[..., S:] * v_new``
+# (weight column [.., M, 1] times a replicated row [.., 1, D]).
+ANCHOR_OPS = frozenset({"matmul", "mul", "scaled_dot_product_attention"})
 # Ops the folded layout flows through unchanged: each output row depends on the same input row only, so
 # regrouping rows [Hq, M] → [Hkv, G·M] commutes with them (given the operand checks in ``_admits``).
 ELEMENTWISE_OPS = frozenset({
@@ -76,12 +90,13 @@ class FoldLayout:
 @dataclass(frozen=True, slots=True)
 class ReplicaUse:
     """One place a replica is read: ``consumer``'s input ``param`` is ``var``, whose head h is a copy of
-    the source's KV head ``kv_map[h]``."""
+    the source's KV head ``kv_map[h]`` (``swapped``: read with its two trailing axes swapped, Kᵀ)."""
 
     var: Var
     consumer: Operation
     param: str
     kv_map: tuple[int, ...]
+    swapped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,31 +106,10 @@ class Replica:
 
     tile: Operation
     source: Var
-    source_shape: tuple[int, ...]
+    source_shape: tuple  # [*prefix, Hkv, S, D]; a dimension may be symbolic
     casts: tuple[Operation, ...]
     uses: tuple[ReplicaUse, ...]
     chain: tuple[str, ...]  # op types from the source to the attention operand, for the report
-
-
-@dataclass(frozen=True, slots=True)
-class TileDecision:
-    """What the pass did with one tile (the CLI's and the report's row)."""
-
-    function: str
-    name: str
-    input_shape: tuple[int, ...]
-    output_shape: tuple[int, ...]
-    folded: bool
-    reason: str = ""  # why not, when not folded
-    mapping: str = ""  # "h // G", "h % Hkv", "permutation"
-    chain: str = ""  # e.g. "expand_dims → tile → reshape"
-    kv_heads: int = 0
-    group: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    reason: str
 
 
 # ------------------------------------------------------------------------------------------------ matching
@@ -124,34 +118,69 @@ def static_shape(var: Var) -> tuple[int, ...] | None:
     return None if shape is None or any_symbolic(shape) else tuple(int(d) for d in shape)
 
 
-def head_mapping(r_idx: np.ndarray, source_numel: int) -> tuple[int, tuple[int, ...]] | Refusal:
-    """Which KV head each query head of a replica reads, from the replica evaluated on source indices.
+def shape_of(var: Var) -> tuple | None:
+    """The var's shape with symbolic dimensions kept (sympy expressions)."""
+    return None if var.shape is None else tuple(var.shape)
 
-    ``r_idx`` is the replica ``[*prefix, Hq, S, D]`` computed on ``arange(source_numel)`` instead of the
-    K/V values. It is a head replication iff, seeing the source as ``[*prefix, Hkv, S, D]``, every slice
-    ``r[..., h, :, :]`` is exactly source slice ``kv[h]`` with the other axes in place. Returns
-    ``(Hkv, kv_map)`` or the reason it is not."""
-    if r_idx.ndim < 3:
-        return Refusal(f"rank-{r_idx.ndim} output has no head axis")
-    *prefix, hq, s, d = r_idx.shape
-    if r_idx.size % source_numel or source_numel * hq % r_idx.size:
-        return Refusal(f"copies {r_idx.size / source_numel:g}× its source, not a whole number of heads")
-    hkv = source_numel * hq // r_idx.size
-    if hkv == hq:
-        return Refusal("copies nothing along the head axis")
-    if hq % hkv:
-        return Refusal(f"{hq} heads are not a multiple of {hkv} source heads")
-    p, e = int(np.prod(prefix, dtype=np.int64)), s * d
-    r = r_idx.reshape(p, hq, e)
-    kv = r[0, :, 0] // e
-    if kv.min() < 0 or kv.max() >= hkv:
-        return Refusal("does not copy whole heads of its source")
-    expected = (np.arange(p, dtype=np.int64)[:, None, None] * hkv + kv[None, :, None]) * e + np.arange(e)
-    if not np.array_equal(r, expected):
-        return Refusal("does not copy along the head axis (heads, slots or head dim are mixed)")
-    if not np.all(np.bincount(kv, minlength=hkv) == hq // hkv):
-        return Refusal("KV heads are not shared by equal groups of query heads")
-    return hkv, tuple(int(x) for x in kv)
+
+def plain_shape(shape) -> tuple[int | None, ...]:
+    """A shape for reports and JSON: symbolic dimensions as None (never a sympy value)."""
+    return tuple(None if is_symbolic(d) else int(d) for d in shape)
+
+
+class Sizes:
+    """One placeholder size ``n`` for every symbolic dimension of a chain (``replication.PLACEHOLDER_SIZES``), so
+    a chain over a flexible sequence or query length is evaluated as one concrete chain (the head mapping of a
+    constant-reps tile does not depend on those lengths). A dimension coremltools derived from others
+    (``is0*is1/16`` after a ``reshape(-1)``) is evaluated at the same ``n``; one that is not a whole number
+    there makes :meth:`dims` return None, and the reader tries the next size."""
+
+    def __init__(self, n: int = PLACEHOLDER_SIZES[0]) -> None:
+        self.n = n
+
+    def dims(self, shape) -> tuple[int, ...] | None:
+        if shape is None:
+            return None
+        out = []
+        for d in shape:
+            if not is_symbolic(d):
+                out.append(int(d))
+                continue
+            value = d.subs(dict.fromkeys(d.free_symbols, self.n))  # d: a sympy expression
+            if not value.is_Integer or int(value) < 1:
+                return None
+            out.append(int(value))
+        return tuple(out)
+
+
+def _step(op: Operation, sizes: Sizes) -> ViewStep | None:
+    out = sizes.dims(op.outputs[0].shape)
+    if out is None:
+        return None
+    if op.op_type == "tile":
+        return None if op.reps.val is None else ViewStep("tile", out, reps=tuple(int(r) for r in op.reps.val))
+    if op.op_type == "transpose":
+        return None if op.perm.val is None else ViewStep("transpose", out,
+                                                           perm=tuple(int(p) % len(out) for p in op.perm.val))
+    return ViewStep("identity" if op.op_type in ("cast", "identity") else "reshape", out)
+
+
+def _read_kind(consumer: Operation, param: str) -> str:
+    if consumer.op_type == "matmul":
+        return MATMUL_RHS if param == "y" else MATMUL_LHS
+    if consumer.op_type == "scaled_dot_product_attention":
+        return SDPA_KV if param in ("key", "value") else SDPA_OTHER
+    if consumer.op_type == "mul":
+        other = consumer.inputs.get("y" if param == "x" else "x")
+        for _ in range(MAX_WEIGHT_PATH):
+            if other is None or other.op is None:
+                break
+            if other.op.op_type in ATTENTION_WEIGHT_OPS:
+                return WEIGHT_MUL
+            if other.op.op_type not in WEIGHT_PATH_OPS:
+                break
+            other = other.op.inputs.get("x")
+    return OTHER
 
 
 def _forward_uses(tile: Operation, block: Block) -> list[tuple[Var, Operation, str, list[Operation]]] | Refusal:
@@ -188,84 +217,67 @@ def _source_candidates(tile: Operation) -> list[tuple[Var, list[Operation]]]:
         var, path = data, [op, *path]
 
 
-class IndexCache:
-    """Index evaluations keyed by the chain's signature: every layer of a model has the same chain."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple, np.ndarray] = {}
-
-    def evaluate(self, source_shape: tuple[int, ...], path: list[Operation]) -> np.ndarray:
-        key = (source_shape, tuple(_op_signature(op) for op in path))
-        hit = self._cache.get(key)
-        if hit is None:
-            n = int(np.prod(source_shape, dtype=np.int64))
-            a = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64).reshape(source_shape)
-            for op in path:
-                a = CHAIN_OPS[op.op_type](a, op)
-            hit = self._cache[key] = a
-        return hit
-
-
-def _op_signature(op: Operation) -> tuple:
-    params = tuple(
-        (k, tuple(np.asarray(v.val).reshape(-1).tolist()) if v.val is not None else None)
-        for k, v in sorted(op.inputs.items()) if k in ("perm", "reps", "axes", "shape")
-    )
-    return op.op_type, tuple(op.outputs[0].shape), params
-
-
-def maybe_fold(tile: Operation, block: Block, cache: IndexCache | None = None) -> Replica | Refusal:
-    """Resolve a tile to the K/V heads it replicates and the attention operands that read them, or say why
-    it is not KV replication feeding attention (conditions the pattern cannot express)."""
-    cache = cache or IndexCache()
-    for v in (tile.x, tile.outputs[0]):
-        if static_shape(v) is None:
-            return Refusal(f"{v.name!r} has a symbolic shape")
+def tile_facts(tile: Operation, block: Block, sizes: Sizes
+               ) -> tuple[CopyFacts, list, list] | Refusal:
+    """The backend-neutral facts of a tile in a pymil block (the same facts ``analyzer.graph.opfacts`` reads off
+    a walked package), with the uses and source candidates they were read from."""
     if tile.reps.val is None:
         return Refusal("its reps are not constant")
     uses = _forward_uses(tile, block)
     if isinstance(uses, Refusal):
         return uses
-    if not uses:
-        return Refusal("nothing reads its output")
-    for _, consumer, param, _ in uses:
-        if consumer.op_type not in ANCHOR_OPS:
-            return Refusal(f"feeds {consumer.op_type} {consumer.name!r}, not an attention matmul")
-        if consumer.op_type == "matmul" and param != "y":
-            return Refusal(f"is the left operand of matmul {consumer.name!r} (only K or V on the right is folded)")
-    shapes = {tuple(var.shape) for var, *_ in uses}
+    candidates = []
+    for depth, (var, back) in enumerate(_source_candidates(tile)):
+        shape, steps = sizes.dims(var.shape), [_step(op, sizes) for op in back]
+        if shape is None or any(s is None for s in steps):
+            break
+        candidates.append(SourceCandidate(shape, tuple(steps), depth))
+    reads = []
+    for _, consumer, param, path in uses:
+        steps = [_step(op, sizes) for op in path]
+        if any(s is None for s in steps):
+            return Refusal("its chain's symbolic shapes cannot be sized")
+        reads.append(CopyRead(consumer.op_type, consumer.name, _read_kind(consumer, param), tuple(steps), param))
+    in_shape, out_shape = sizes.dims(tile.x.shape), sizes.dims(tile.outputs[0].shape)
+    if not candidates or in_shape is None or out_shape is None:
+        return Refusal("its shapes cannot be sized")
+    return CopyFacts(tile.outputs[0].name, in_shape, out_shape, tuple(candidates), tuple(reads)), uses, \
+        _source_candidates(tile)
+
+
+def maybe_fold(tile: Operation, block: Block, cache: IndexCache | None = None
+               ) -> tuple[Replica | Refusal, Replication | None]:
+    """Resolve a tile to the K/V heads it replicates and the attention operands that read them, or say why
+    it is not (``analyzer.graph.replication.classify_copy``) or why the pass cannot rewrite it. Returns the
+    replica or refusal and the classifier's verdict (None when the facts could not be read)."""
+    cache = cache or IndexCache()
+    for n in PLACEHOLDER_SIZES:  # symbolic dimensions: the first size at which every dimension is whole
+        found = tile_facts(tile, block, Sizes(n))
+        if not isinstance(found, Refusal) or not found.reason.startswith("its "):
+            break
+    if isinstance(found, Refusal):
+        return found, None
+    facts, uses, candidates = found
+    verdict = classify_copy(facts, cache)
+    if not verdict.is_kv:
+        return Refusal(verdict.reason), verdict
+    for (_, consumer, _, _), read in zip(uses, facts.reads, strict=True):
+        if read.kind == MATMUL_LHS:
+            return Refusal(f"is the left operand of matmul {consumer.name!r} (only K or V on the right is "
+                           "folded)"), verdict
+    shapes = {shape_of(var) for var, *_ in uses}
     if len(shapes) != 1:
-        return Refusal(f"its copies are read in different shapes {sorted(shapes)}")
+        return Refusal(f"its copies are read in different shapes {sorted(map(plain_shape, shapes))}"), verdict
     r_shape = shapes.pop()
-    refusal = Refusal("no source")
-    for source, back in _source_candidates(tile)[::-1]:  # deepest first: it removes the most copies
-        shape = static_shape(source)
-        if shape is None:
-            continue
-        resolved, refusal = _resolve(source, shape, back, uses, cache)
-        if resolved:
-            hkv = int(np.prod(shape, dtype=np.int64)) * r_shape[-3] // int(np.prod(r_shape, dtype=np.int64))
-            source_shape = (*r_shape[:-3], hkv, *r_shape[-2:])
-            chain = tuple(op.op_type for op in back + uses[0][3])
-            casts = tuple(op for op in back + uses[0][3] if op.op_type == "cast")
-            return Replica(tile, source, source_shape, casts, tuple(resolved), chain)
-    return refusal  # the shallowest candidate's reason: the tile's own input, the most direct account
-
-
-def _resolve(source: Var, shape: tuple[int, ...], back: list[Operation], uses, cache: IndexCache
-             ) -> tuple[list[ReplicaUse], Refusal]:
-    """Every use of the tile read as a head gather of ``source``, or the first reason one is not."""
-    resolved: list[ReplicaUse] = []
-    casts: list | None = None
-    for var, consumer, param, forward in uses:
-        mapping = head_mapping(cache.evaluate(shape, back + forward), int(np.prod(shape, dtype=np.int64)))
-        if isinstance(mapping, Refusal):
-            return [], mapping
-        path_casts = [op.dtype.val for op in back + forward if op.op_type == "cast"]
-        if casts is not None and path_casts != casts:
-            return [], Refusal("its copies are cast differently on different paths")
-        casts = path_casts
-        resolved.append(ReplicaUse(var, consumer, param, mapping[1]))
-    return resolved, Refusal("")
-
-
+    source, back = candidates[verdict.source_depth]
+    hkv, swapped = verdict.kv_heads, verdict.reads[0].swapped
+    a, b = (r_shape[-1], r_shape[-2]) if swapped else (r_shape[-2], r_shape[-1])
+    source_shape = (*r_shape[:-3], hkv, a, b)
+    path_casts = {tuple(op.dtype.val for op in back + forward if op.op_type == "cast") for *_, forward in uses}
+    if len(path_casts) != 1:
+        return Refusal("its copies are cast differently on different paths"), verdict
+    casts = tuple(op for op in back + uses[0][3] if op.op_type == "cast")
+    chain = tuple(op.op_type for op in back + uses[0][3])
+    replica_uses = tuple(ReplicaUse(var, consumer, param, m.kv_map, m.swapped)
+                         for (var, consumer, param, _), m in zip(uses, verdict.reads, strict=True))
+    return Replica(tile, source, source_shape, casts, replica_uses, chain), verdict

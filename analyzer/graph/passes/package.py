@@ -20,41 +20,29 @@ import hashlib
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from analyzer.errors import FoldError, MilError
-from analyzer.graph.mil import Blobs, MilProgram, find_package, read_program
-from analyzer.graph.passes.gqa_fold import PASS_NAME, PASS_VERSION, TileDecision, fold_gqa_replication
+from analyzer.fsio import check_disjoint, copy_tree, open_regular, replace_dir, tree_files
+from analyzer.graph.accounting import account
+from analyzer.graph.mil_reader import (
+    Blobs,
+    MilProgram,
+    find_package,
+    load_function,
+    read_spec,
+    tensor_info,
+    weights_dir,
+)
+from analyzer.graph.passes.fold_records import FunctionBytes, TileDecision, WeightCheck
+from analyzer.graph.passes.gqa_fold import PASS_NAME, PASS_VERSION, fold_gqa_replication
+from analyzer.graph.shapes import read_sized
 
 # What runs after the fold (it is run on the Program first, so its decisions can be read back).
 FOLD_PIPELINE: tuple[str, ...] = ("common::dead_code_elimination",)
 METADATA_KEY = "com.github.qfold.fold"  # user-defined metadata the folded package carries
-
-
-@dataclass(frozen=True, slots=True)
-class FunctionBytes:
-    """One function's bytes per decode token by category (``analyzer.graph.accounting``), before and after."""
-
-    function: str
-    before: dict[str, int]
-    after: dict[str, int]
-    kv_replication_tiles_before: int
-    kv_replication_tiles_after: int
-
-
-@dataclass(frozen=True, slots=True)
-class WeightCheck:
-    """Every stored constant of the original, compared with the folded package's by name."""
-
-    checked: int
-    identical: int
-    removed: tuple[str, ...]  # constants only the removed replication ops read (none in practice)
-    changed: tuple[str, ...]  # names whose dtype, shape or bytes differ (a bug if ever non-empty)
-
-    @property
-    def ok(self) -> bool:
-        return not self.changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +77,9 @@ def package_digest(path: str | Path) -> str:
     """SHA-256 over a package's files (relative path and bytes, in sorted order): the fold cache key."""
     pkg = find_package(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in pkg.rglob("*") if p.is_file()):
-        h.update(f.relative_to(pkg).as_posix().encode() + b"\0")
-        with f.open("rb") as fh:
+    for rel in tree_files(pkg, MilError, "package"):  # never follows a link out of the package
+        h.update(rel.as_posix().encode() + b"\0")
+        with os.fdopen(open_regular(pkg / rel, MilError), "rb") as fh:
             while chunk := fh.read(1 << 24):
                 h.update(chunk)
         h.update(b"\0")
@@ -101,13 +89,9 @@ def package_digest(path: str | Path) -> str:
 def weight_digests(path: str | Path) -> dict[str, tuple[str, str]]:
     """Every constant stored in ``weight.bin`` (const ops and the inline data of ``constexpr_*`` ops), by
     function and name: ``(dtype/shape, sha256 of the stored bytes)``."""
-    from coremltools.models.utils import load_spec
-
-    from analyzer.graph.mil import tensor_info
-
     pkg = find_package(path)
-    spec = load_spec(str(pkg))
-    blobs = Blobs(pkg / "Data" / "com.apple.CoreML" / "weights")
+    spec = read_spec(pkg)  # not coremltools' load_spec: its package handle rewrites the input's Manifest.json
+    blobs = Blobs(weights_dir(pkg))
     out: dict[str, tuple[str, str]] = {}
 
     def visit(fn: str, block) -> None:
@@ -149,14 +133,15 @@ def _io(program: MilProgram) -> tuple:
 
 
 # ------------------------------------------------------------------------------------------------ folding
-def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True) -> FoldReport:
+def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True,
+                 shapes: Mapping[str, tuple[int, ...]] | None = None) -> FoldReport:
     """Fold every KV-replicating tile of every function of ``src`` and write the result to ``dst``
-    (replaced if it exists). When nothing is folded, ``dst`` is a byte copy of ``src``."""
+    (replaced if it exists). When nothing is folded, ``dst`` is a byte copy of ``src``. The bytes before and
+    after of a flexible package are at ``shapes`` (else the defaults of ``analyzer.graph.shapes``)."""
     import coremltools as ct
     from coremltools.converters.mil.frontend.milproto.load import load as milproto_load
     from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 
-    from analyzer.graph.accounting import account
 
     t0 = time.monotonic()
     timings: dict[str, float] = {}
@@ -169,16 +154,15 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True) -
 
     pkg = find_package(src)
     dst = Path(dst)
-    if dst.resolve() == pkg.resolve():
-        raise FoldError(f"{dst}: the output would overwrite the input package")
+    check_disjoint(pkg, dst, FoldError)
+    tree_files(pkg, MilError, "package")  # a link out of the package, a loop, a FIFO: refused before reading
     functions = _function_names(pkg)
-    before = {fn: read_program(pkg, fn) for fn in functions}
+    before = {fn: read_sized(pkg, fn, shapes) for fn in functions}
     lap("walk_before_s")
+    spec = read_spec(pkg)  # not ct.models.MLModel(pkg): that rewrites the input's Manifest.json
     try:
-        model = ct.models.MLModel(str(pkg), skip_model_load=True)
-        spec = model.get_spec()
         program = milproto_load(spec, specification_version=spec.specificationVersion,
-                                file_weights_dir=model.weights_dir)
+                                file_weights_dir=str(weights_dir(pkg)))
     except Exception as e:  # coremltools raises bare Exceptions (NotImplementedError for a docstring, ...)
         raise MilError(f"{pkg}: coremltools cannot read it back into a MIL program: {type(e).__name__}: {e}") from e
     if spec.description.functions:  # a multi-function package: save it as one again, same default
@@ -194,7 +178,7 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True) -
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         if not any(d.folded for d in decisions):
-            shutil.copytree(pkg, tmp)
+            copy_tree(pkg, tmp, MilError, "package")
             lap("copy_s")
         else:
             target = _deployment_target(spec.specificationVersion, pkg)
@@ -205,10 +189,10 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True) -
             _keep_description(spec, folded, pkg)
             folded.save(str(tmp))
             lap("save_s")
-        _replace_dir(tmp, dst)
+        replace_dir(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    after = {fn: read_program(dst, fn) for fn in functions}
+    after = {fn: read_sized(dst, fn, shapes) for fn in functions}
     for fn in functions:
         if _io(before[fn]) != _io(after[fn]):
             raise FoldError(f"{pkg}: folding changed the inputs, outputs or states of function {fn!r}; "
@@ -230,8 +214,6 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True) -
 
 
 def _function_names(pkg: Path) -> tuple[str, ...]:
-    from analyzer.graph.mil import load_function
-
     loaded = load_function(pkg)  # validates that it is a readable ML Program
     return tuple(loaded.spec.mlProgram.functions)
 
@@ -254,15 +236,11 @@ def _keep_description(original, folded, pkg: Path) -> None:
         texts = {f.name: f.shortDescription for f in group}
         for f in new_group:
             f.shortDescription = texts.get(f.name, f.shortDescription)
+    # flexible inputs keep their ranges / enumerated shapes (a Program saved again only knows "symbolic")
+    for old_desc, new_desc in ((desc, new), *((f, g) for f in desc.functions for g in new.functions
+                                              if f.name == g.name)):
+        kept = {f.name: f.type for f in old_desc.input}
+        for f in new_desc.input:
+            if f.name in kept:
+                f.type.CopyFrom(kept[f.name])
     new.metadata.userDefined[METADATA_KEY] = f"{PASS_NAME} v{PASS_VERSION} of {pkg.name}"
-
-
-def _replace_dir(tmp: Path, dst: Path) -> None:
-    """Move ``tmp`` to ``dst``; an existing ``dst`` is moved aside first and removed after."""
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".old-{os.getpid()}-{dst.name}")
-        os.replace(dst, old)
-    os.replace(tmp, dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -8,7 +8,7 @@ from typing import Literal
 
 from analyzer.errors import QfoldError
 from analyzer.graph.accounting import ByteAccount
-from analyzer.graph.mil import VIEW_OPS, MilProgram
+from analyzer.graph.mil_reader import VIEW_OPS, MilProgram
 from analyzer.graph.structdiff import (
     LayerDiff,
     Status,
@@ -46,6 +46,7 @@ STYLE = {
     None: ("#ffffff", "#7f7f7f", "#222222"),
 }
 ALARM = ("#e45756", "#8b0000", "#ffffff")
+OFF_ANE_BORDER = "#7b3294"  # an op a placement plan put on the GPU or CPU: a thick purple border and a device badge
 KV_COLOR = "#1b8a8a"
 STATE_FILL = "#d5f0ee"
 INPUT_FILL = "#eeeeee"
@@ -59,7 +60,6 @@ LABEL_CHARS = 34  # longest text line in a node before it is cut with an ellipsi
 
 class GraphvizError(QfoldError):
     """Graphviz is missing or could not lay the graph out."""
-
 
 # ------------------------------------------------------------------------------------------------- records
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,7 @@ class GraphNode:
     kv: bool  # reads or writes the KV cache
     depth: int  # row in the shared spine (ops from 1; a tensor entering the layer: the row above its first reader)
     tooltip: str
+    device: str | None = None  # where a placement plan put the node's ops: ANE, GPU, CPU, "mixed"; None: no plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,7 @@ class SideOps:
     status: dict[int, Status | None]  # drawn op → status
     row: dict[int, int]  # drawn op → row of the alignment
     groups: list[list[int]] = field(default_factory=list)  # chains (a single op is a chain of one)
+    devices: dict[int, str] = field(default_factory=dict)  # op → device, from a placement plan (may be empty)
 
 
 
@@ -190,10 +192,10 @@ def chains(side: SideOps, row_depth: Sequence[int]) -> list[list[int]]:
     for u in sorted(side.row):
         head.setdefault(u, u)
         readers = set(consumers[u])
-        if len(readers) != 1 or ops[u].type not in COLLAPSIBLE_OPS or any(t.name in outputs for t in ops[u].outputs):
+        if len(readers) != 1 or ops[u].kind not in COLLAPSIBLE_OPS or any(t.name in outputs for t in ops[u].outputs):
             continue
         v = readers.pop()
-        if v not in side.row or v in head or ops[v].type not in COLLAPSIBLE_OPS or side.status[u] != side.status[v]:
+        if v not in side.row or v in head or ops[v].kind not in COLLAPSIBLE_OPS or side.status[u] != side.status[v]:
             continue
         start = row_depth[side.row[head[u]]]
         others = [r.producer for r in ops[v].inputs if r.producer is not None and r.producer != u

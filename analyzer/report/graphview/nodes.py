@@ -9,7 +9,7 @@ import humanize
 
 from analyzer.errors import QfoldError
 from analyzer.graph.accounting import ATTRIBUTE_PARAMS, ByteAccount, account
-from analyzer.graph.mil import VIEW_OPS, InputRef, MilProgram, OpRecord, TensorInfo
+from analyzer.graph.mil_reader import VIEW_OPS, InputRef, MilProgram, OpRecord, TensorInfo
 from analyzer.graph.structdiff import (
     EN_DASH,
     Status,
@@ -58,7 +58,7 @@ def output_text(op: OpRecord) -> str:
 def _const_data_bytes(program: MilProgram, index: int, seen: frozenset[int] = frozenset()) -> int:
     """Stored bytes of a constant (zero-valued constants move nothing); a constexpr: its stored inputs."""
     op = program.ops[index]
-    if op.type == "const":
+    if op.kind == "const":
         return 0 if op.const_zero else op.const_bytes
     total = 0
     for r in op.inputs:
@@ -83,7 +83,7 @@ def _badge(program: MilProgram, indices: Sequence[int]) -> str:
                 continue
             if producer is None:
                 data.append((ref.stored_bytes, f"{ref.param} {size_text(ref.stored_bytes)}"))
-            elif producer.type == "const" and producer.const_zero:
+            elif producer.kind == "const" and producer.const_zero:
                 data.append((0, f"{ref.param} zero"))
             else:
                 n = _const_data_bytes(program, producer.index)
@@ -107,9 +107,9 @@ def _tensor_kinds(program: MilProgram, acct: ByteAccount) -> tuple[dict[int, Edg
     for op in ops:
         if op.tile_kind == "kv_replication":
             kinds[op.index] = "replication"
-        elif op.type == "read_state":
+        elif op.kind == "read_state":
             kinds[op.index] = "kv"
-        elif op.type in VIEW_OPS or op.type == "slice_update":
+        elif op.kind in VIEW_OPS or op.kind == "slice_update":
             src = next((r for r in op.inputs if r.param in ("x", "input") and r.producer is not None), None)
             kinds[op.index] = kinds.get(src.producer, "act") if src is not None else "act"  # type: ignore[arg-type]
     consumers = program.consumers()
@@ -117,7 +117,7 @@ def _tensor_kinds(program: MilProgram, acct: ByteAccount) -> tuple[dict[int, Edg
     def reaches_kv_read(index: int, depth: int = 0) -> bool:
         if acct.ops[index].kv_read:
             return True
-        return depth < 8 and ops[index].type in VIEW_OPS and any(reaches_kv_read(c, depth + 1)
+        return depth < 8 and ops[index].kind in VIEW_OPS and any(reaches_kv_read(c, depth + 1)
                                                                  for c in consumers[index])
 
     kv_inputs = set(states)
@@ -145,7 +145,7 @@ def _side_graph(side: SideOps, layer: int | None, group_depth: dict[int, int]) -
             node_of[i] = node_id
         moved = sum(acct.ops[i].total for i in group)
         copied = sum(acct.ops[i].replication for i in group)
-        kv = any(ops[i].type in ("read_state", "write_state") or acct.ops[i].kv_read or acct.ops[i].kv_write
+        kv = any(ops[i].kind in ("read_state", "write_state") or acct.ops[i].kv_read or acct.ops[i].kv_write
                  for i in group)
         if len(group) == 1:
             title, kind = first.type, "op"
@@ -155,10 +155,14 @@ def _side_graph(side: SideOps, layer: int | None, group_depth: dict[int, int]) -
             kind = "chain"
         tooltip = "\n".join(f"{ops[i].type} {ops[i].name} → {output_text(ops[i])} · "
                             f"{size_text(acct.ops[i].total)}/token" for i in group)
+        placed = {side.devices[i] for i in group if i in side.devices}
+        device = None if not placed else placed.pop() if len(placed) == 1 else "mixed"
+        if device is not None:
+            tooltip += "\n" + ", ".join(f"{ops[i].name} on {side.devices.get(i, '?')}" for i in group)
         nodes.append(GraphNode(node_id, kind, tuple(group), title, output_text(last), moved, copied,
                                _badge(program, group), side.status[first.index],
                                any(ops[i].tile_kind == "kv_replication" for i in group), kv,
-                               group_depth[group[0]], tooltip))
+                               group_depth[group[0]], tooltip, device))
     depth_of = {n.id: n.depth for n in nodes}
 
     edges: dict[tuple[str, str, str], GraphEdge] = {}
@@ -211,7 +215,7 @@ def _side_graph(side: SideOps, layer: int | None, group_depth: dict[int, int]) -
                                                    t.nbytes or 0, 0, where, None, False, False,
                                                    depth_of[node_of[i]] + 1, f"{t.name} {_tensor_text(t)} {where}"))
                 add_edge(node_of[i], out_id, t, kinds.get(i, "act"))
-            if op.type == "write_state":
+            if op.kind == "write_state":
                 state = next((r.tensor for r in op.inputs if r.producer is None and r.tensor.name in states), None)
                 if state is not None:
                     out_id = f"{key}written:{state.name}"
@@ -261,9 +265,12 @@ def _layers_text(layers: Sequence[int | None]) -> str:
 
 def layer_view(program_a: MilProgram, program_b: MilProgram | None = None, layer: int | None = 0, *,
                label_a: str = "A", label_b: str = "B", collapse: bool = True,
-               diff: StructuralDiff | None = None, keys: tuple[str, str] = ("A", "B")) -> LayerView:
+               diff: StructuralDiff | None = None, keys: tuple[str, str] = ("A", "B"),
+               devices: Sequence[Sequence[tuple[int, str]]] = ()) -> LayerView:
     """The picture of ``layer`` (None: outside the layers) of A, or of A and B aligned. ``keys`` name the
-    sides (and prefix their node ids): ("B", "A") draws B alone as "B"."""
+    sides (and prefix their node ids): ("B", "A") draws B alone as "B". ``devices``: per side, (op index,
+    device) pairs from a placement plan; each op node is badged with its device, those off the Neural Engine
+    outlined."""
     ha = home_layers(program_a)
     if program_b is None:
         drawn = [op.index for op in program_a.ops if ha[op.index] == layer and not is_const_like(op)]
@@ -280,6 +287,8 @@ def layer_view(program_a: MilProgram, program_b: MilProgram | None = None, layer
         sides.append(SideOps(keys[1], label_b, program_b, home_layers(program_b), account(program_b),
                            {b: s for _, b, s in rows if b is not None},
                            {b: k for k, (_, b, _) in enumerate(rows) if b is not None}))
+    for side, placed in zip(sides, devices, strict=False):
+        side.devices = dict(placed)
     row_depth = row_depths(rows, sides)
     for side in sides:
         side.groups = chains(side, row_depth) if collapse else [[i] for i in sorted(side.row)]

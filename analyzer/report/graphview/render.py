@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from analyzer.graph.mil import MilProgram
+from analyzer.graph.mil_reader import MilProgram
 from analyzer.graph.structdiff import (
     LayerDiff,
     StructuralDiff,
@@ -25,6 +25,7 @@ from analyzer.report.graphview.layout import (
     LEGEND,
     MAX_NODES_PER_SIDE,
     NODE_HEIGHT_IN,
+    OFF_ANE_BORDER,
     STATE_FILL,
     STYLE,
     GraphEdge,
@@ -55,6 +56,8 @@ def _label(node: GraphNode) -> str:
         third = f"{size_text(node.bytes_per_token)}/token"
         if node.replication_bytes:
             third += f" · {size_text(node.replication_bytes)} replication"
+        if node.device is not None:
+            third += f" · {node.device}"
     lines = [f'<B>{_html(cut_label(node.title))}</B>', _html(cut_label(node.output)), _html(third),
              f'<FONT POINT-SIZE="8">{_html(node.badge) or "&#160;"}</FONT>']
     return "<" + "<BR/>".join(lines) + ">"
@@ -66,6 +69,8 @@ def _node_attrs(node: GraphNode) -> dict[str, str]:
         classes.append("kv-replication")
     if node.kv:
         classes.append("kv")
+    if node.device is not None:
+        classes.append(f"device-{node.device}")
     fill, border, font = ALARM if node.alarm else STYLE[node.status]
     attrs = {"id": node.id, "class": " ".join(classes), "tooltip": node.tooltip, "fillcolor": fill,
              "color": border, "fontcolor": font}
@@ -83,6 +88,8 @@ def _node_attrs(node: GraphNode) -> dict[str, str]:
             attrs.update(color=KV_COLOR, penwidth="2.5")
         if node.kind == "chain":
             attrs["style"] = "rounded,filled,dashed"
+        if node.device not in (None, "ANE"):
+            attrs.update(color=OFF_ANE_BORDER, penwidth="3.5")
     return attrs
 
 
@@ -132,6 +139,9 @@ def legend_text(view: LayerView) -> str:
         parts.append("orange: only in A · blue: only in B · yellow: same op, other shapes")
     parts.append("red: KV-replication tile · teal: KV state/cache · dashed box: collapsed chain or a tensor "
                  "entering/leaving the layer · edges: tensor shape and size · bytes: logical bytes per decode token")
+    if any(n.device is not None for g in view.sides for n in g.nodes):
+        parts.append("ANE/GPU/CPU after the bytes: where the placement plan put the op; purple border: off the "
+                     "Neural Engine")
     return "\n".join(parts)
 
 
@@ -294,7 +304,7 @@ def report_html(program_a: MilProgram, program_b: MilProgram | None, label_a: st
 
 # ------------------------------------------------------------------------------------------------- frames
 NODE_COLUMNS = ("side", "node", "kind", "title", "ops", "op_types", "op_names", "output", "bytes_per_token",
-                "replication_bytes", "consts", "status", "row")
+                "replication_bytes", "consts", "status", "row", "device")
 
 
 def nodes_frame(view: LayerView, programs: Sequence[MilProgram]) -> pd.DataFrame:
@@ -307,7 +317,7 @@ def nodes_frame(view: LayerView, programs: Sequence[MilProgram]) -> pd.DataFrame
                          "op_names": " ".join(program.ops[i].name for i in n.ops), "output": n.output,
                          "bytes_per_token": n.bytes_per_token if n.kind in ("op", "chain") else 0,
                          "replication_bytes": n.replication_bytes, "consts": n.badge, "status": n.status or "",
-                         "row": n.depth})
+                         "row": n.depth, "device": n.device or ""})
     return pd.DataFrame(rows, columns=list(NODE_COLUMNS))
 
 

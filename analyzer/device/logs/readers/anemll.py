@@ -21,7 +21,7 @@ from analyzer.device.logs.records import LogLimits
 from analyzer.device.logs.rows import Collector, RawRow, RejectError
 
 _CONTEXT = re.compile(LINE_PREFIX + r"Using context length:\s*(?P<n>\S+)\s*")
-_PREFILL = re.compile(LINE_PREFIX + r"Prefill:\s*(?P<ms>\S+?)\s*ms\s*\((?P<tps>\S+)\s+t/s\)\s*")
+_PREFILL = re.compile(LINE_PREFIX + r"Prefill:\s*(?P<ms>[^\s(]+?)\s*ms\s*\((?P<tps>\S+)\s+t/s\)\s*")  # ms stops at (
 _INFERENCE = re.compile(LINE_PREFIX + r"Inference:\s*(?P<tps>\S+)\s+t/s\s*")
 _THROUGHPUT_ANY = re.compile(LINE_PREFIX + r"(?P<kind>Prefill|Inference):.*\bt/s\b.*")
 _TOTAL = re.compile(LINE_PREFIX + r"Total: Generated (?P<n>\S+) tokens in (?P<s>\S+?)s\s*")

@@ -24,14 +24,17 @@ import re
 from analyzer.device.logs.readers.runner import LineReader, RunnerRow
 from analyzer.device.logs.records import LogLimits
 from analyzer.device.logs.rows import Collector, RawRow, RejectError
+from analyzer.fsio import bounded_int
 
-_OBSERVER = re.compile(r".*?\bPyTorchObserver\s+(?P<json>\{.*\})\s*")
+_OBSERVER_START = re.compile(r"\bPyTorchObserver\s+(?=\{)")
 _OBSERVER_ANY = re.compile(r".*\bPyTorchObserver\b")
 _TOKENS = re.compile(r".*\bPrompt Tokens:\s*(?P<prompt>\S+)\s+Generated Tokens:\s*(?P<gen>\S+)\s*")
-_PROMPT_RATE = re.compile(r".*\bPrompt evaluation:\s*(?P<s>\S+)\s*\(seconds\)\s*Rate:\s*(?P<tps>\S+)\s*"
+# A value stops at the "(" of the unit after it: with \S+ two values could split one long run of
+# "1(seconds)Rate:…" in O(n²) ways on every line, before any format is chosen.
+_PROMPT_RATE = re.compile(r".*\bPrompt evaluation:\s*(?P<s>[^\s(]+)\s*\(seconds\)\s*Rate:\s*(?P<tps>[^\s(]+)\s*"
                           r"\(tokens/second\)\s*")
-_GEN_RATE = re.compile(r".*\bGenerated (?P<n>\S+) tokens:\s*(?P<s>\S+)\s*\(seconds\)\s*Rate:\s*(?P<tps>\S+)\s*"
-                       r"\(tokens/second\)\s*")
+_GEN_RATE = re.compile(r".*\bGenerated (?P<n>\S+) tokens:\s*(?P<s>[^\s(]+)\s*\(seconds\)\s*Rate:\s*"
+                       r"(?P<tps>[^\s(]+)\s*\(tokens/second\)\s*")
 _OBSERVER_FIELDS = ("prompt_tokens", "generated_tokens", "inference_start_ms", "prompt_eval_end_ms",
                     "inference_end_ms", "SCALING_FACTOR_UNITS_PER_SECOND")
 RUNNER = "ExecuTorch"
@@ -39,6 +42,17 @@ RUNNER = "ExecuTorch"
 
 def detect(text: str) -> bool:
     return any(_OBSERVER_ANY.match(line) or _GEN_RATE.fullmatch(line) for line in text.splitlines())
+
+
+def _observer_json(raw: str) -> str | None:
+    """The JSON object after the line's first ``PyTorchObserver``: up to the line's last ``}``, with nothing but
+    whitespace after it (found with one search and one ``rfind``: a regex ``{.*}`` would backtrack over the
+    rest of the line once per ``PyTorchObserver`` on it)."""
+    start = _OBSERVER_START.search(raw)
+    end = raw.rfind("}")
+    if start is None or end < start.end() or raw[end + 1:].strip():
+        return None
+    return raw[start.end():end + 1]
 
 
 def _context(row: RunnerRow, prompt: int, generated: int) -> None:
@@ -53,10 +67,10 @@ def _observer_rows(line: int, raw: str, limits: LogLimits, col: Collector) -> li
     if record > limits.max_rows:
         raise RejectError(f"more than {limits.max_rows:,} runs (limit); split the file", line=line)
     reader = LineReader(col, line, record)
-    match = _OBSERVER.fullmatch(raw)
+    text = _observer_json(raw)
     try:
-        stats = json.loads(match["json"]) if match else None
-    except (json.JSONDecodeError, RecursionError):
+        stats = json.loads(text, parse_int=bounded_int) if text is not None else None
+    except (ValueError, RecursionError):  # invalid JSON, or an integer of more than MAX_INT_DIGITS digits
         stats = None
     if not isinstance(stats, dict):
         reader.error("PyTorchObserver", raw.strip(), "PyTorchObserver is not followed by a JSON object")
@@ -76,7 +90,7 @@ def _observer_rows(line: int, raw: str, limits: LogLimits, col: Collector) -> li
     decode_ms = values["inference_end_ms"] - values["prompt_eval_end_ms"]
     prompt, generated = values["prompt_tokens"], values["generated_tokens"]
     if scale <= 0 or prefill_ms < 0 or decode_ms < 0:
-        reader.error("PyTorchObserver", match["json"] if match else None, "timestamps out of order (prompt eval "
+        reader.error("PyTorchObserver", text, "timestamps out of order (prompt eval "
                      "must end after inference starts and before it ends) or a zero time scale")
         return []
     rows = []

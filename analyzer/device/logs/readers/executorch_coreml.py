@@ -1,6 +1,5 @@
 """ExecuTorch's Core ML static-cache LLM runner (pytorch/executorch ``examples/apple/coreml/llama/run_static_llm.py``,
 for models exported with ``export_static_llm_coreml.py``)::
-
     Input length: 32, Cache length: 992
     Prompt tokens: 6
     Prefill: 6 tokens in 0.07s

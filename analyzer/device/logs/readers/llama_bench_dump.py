@@ -13,6 +13,7 @@ from analyzer.device.logs.readers.llama_bench import REQUIRED_FIELDS, check_fiel
 from analyzer.device.logs.records import LogLimits
 from analyzer.device.logs.rows import Collector, RawRow, RejectError
 from analyzer.device.logs.text import line_of_offset
+from analyzer.fsio import IntegerTooLongError, bounded_int
 
 # ---------------------------------------------------------------------------------------------
 # JSON (-o json: one array) and JSONL (-o jsonl: one object per line)
@@ -30,7 +31,7 @@ def _json_text(value: object) -> str:
 
 def _json_array_items(text: str) -> Iterator[tuple[int, object]]:
     """Elements of a top-level JSON array with the line each starts on (json gives no positions)."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_int=bounded_int)
     ws = re.compile(r"\s*")
     pos = ws.match(text, 0).end()  # type: ignore[union-attr]
     pos = ws.match(text, pos + 1).end()  # type: ignore[union-attr]  # past '['
@@ -103,6 +104,8 @@ def read_json(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
             _too_many(len(items), limits, line)
     except json.JSONDecodeError as e:
         raise RejectError(f"invalid JSON: {e.msg}", line=e.lineno) from e
+    except IntegerTooLongError as e:
+        raise RejectError(f"invalid JSON: {e}") from e
     except RecursionError as e:
         raise RejectError("JSON is nested too deeply to be a llama-bench result") from e
     if not items:
@@ -119,10 +122,12 @@ def read_jsonl(text: str, limits: LogLimits, col: Collector) -> list[RawRow]:
             continue
         _too_many(len(items) + 1, limits, line)
         try:
-            items.append((line, json.loads(raw)))
+            items.append((line, json.loads(raw, parse_int=bounded_int)))
         except json.JSONDecodeError as e:
             col.add(line, None, raw, "error", f"invalid JSON on this line: {e.msg} (column {e.colno})",
                     record=col.next_record())
+        except IntegerTooLongError as e:
+            col.add(line, None, None, "error", f"invalid JSON on this line: {e}", record=col.next_record())
         except RecursionError:
             col.add(line, None, None, "error", "JSON on this line is nested too deeply", record=col.next_record())
     if not items:
@@ -138,7 +143,9 @@ def detect_json(text: str) -> str | None:
     if first == "{":
         first_line = text.lstrip().splitlines()[0]
         try:
-            json.loads(first_line)
+            json.loads(first_line, parse_int=bounded_int)
+        except IntegerTooLongError:
+            return "llama-bench-jsonl"  # its reader names the line
         except (json.JSONDecodeError, RecursionError):
             raise RejectError("a JSON object spanning several lines: llama-bench -o json writes an array "
                               "([...]) and -o jsonl one object per line") from None

@@ -22,8 +22,10 @@ from analyzer.device.logs.records import LogLimits
 from analyzer.device.logs.rows import Collector, RawRow, RejectError
 
 _KIND = re.compile(r"(?P<prefix>[^=]*?)\b(?P<kind>prompt eval|eval) time\s*=")
-_VALUES = re.compile(r"\s*(?P<ms>\S+)\s*ms\s*/\s*(?P<n>\S+)\s*(?P<unit>runs|tokens)\s*\(\s*(?P<ms_per>\S+)\s*"
-                     r"ms per token,\s*(?P<tps>\S+)\s*tokens per second\s*\)\s*")
+# Each value excludes the delimiter after it (/ ( , )), so it cannot reach into the next field: with plain \S+ the
+# four values could split one long run of "1ms/1runs(…" in O(n³) ways before failing (a 12 kB line took 79 s).
+_VALUES = re.compile(r"\s*(?P<ms>[^\s/]+?)\s*ms\s*/\s*(?P<n>[^\s(]+?)\s*(?P<unit>runs|tokens)\s*\(\s*"
+                     r"(?P<ms_per>[^\s,]+?)\s*ms per token,\s*(?P<tps>[^\s)]+?)\s*tokens per second\s*\)\s*")
 RUNNER = "llama.cpp"
 
 

@@ -1,0 +1,75 @@
+"""``bench``: time Core AI builds on the Core AI runtime in one process, interleaved, and log them.
+
+    python -m analyzer bench TARGET [TARGET ...] [--steps N] [--rounds R] [--warmup W] [--label L ...]
+                             [--out log.csv] [--profile-out P.json] [--json]
+
+Each TARGET is a Core AI build folder or a ``.aimodel``; its log label defaults to the build's label, as the dashboard's
+pickers show it (so the log maps back to the build on the Device logs page; a ``.aimodel`` outside a build: its name).
+Prints decode tok/s per target (median and spread over
+the rounds), the top ops by profiled time joined to qfold's op records, time by byte category and the machine;
+``--out`` writes one qfold-schema log row per target (``fit`` and the Device logs page read it), ``--profile-out``
+the per-op join as JSON. On Linux the runtime is CPU-only and single-threaded.
+"""
+
+from __future__ import annotations
+
+import json
+
+from analyzer import fmt
+from analyzer.cli.common import positive_int
+from analyzer.device.bench import log_csv, profile_json, run_bench
+from analyzer.errors import CoreAIRuntimeError
+from analyzer.fsio import write_text_atomic
+from analyzer.report.labels import bench_label
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="time Core AI builds on the Core AI runtime (interleaved rounds) and log them",
+                       description="Time Core AI builds on the Core AI runtime in one process (interleaved rounds), "
+                                   "profile their ops against qfold's op records, and log one row per build.")
+    p.add_argument("targets", nargs="+", metavar="TARGET", help="a Core AI build folder or a .aimodel")
+    p.add_argument("--steps", type=positive_int, default=8, help="decode steps per round (default 8)")
+    p.add_argument("--rounds", type=positive_int, default=5, help="measured rounds, interleaved (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first (default 1)")
+    p.add_argument("--label", action="append", metavar="L",
+                   help="the log's build label, once per target in order (default: the build's label, as the "
+                        "dashboard shows it; an .aimodel outside a build: its name)")
+    p.add_argument("--out", metavar="log.csv", help="write one qfold-schema log row per target")
+    p.add_argument("--profile-out", metavar="P.json", help="write the per-op profile joined to op records")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    if args.warmup < 0:
+        raise CoreAIRuntimeError(f"--warmup {args.warmup}: give 0 or more rounds")
+    labels = args.label or [bench_label(t) for t in args.targets]  # None: resolve_target's default (the name)
+    result = run_bench(args.targets, labels, steps=args.steps, rounds=args.rounds, warmup=args.warmup)
+    if args.out:
+        write_text_atomic(args.out, log_csv(result))
+    if args.profile_out:
+        write_text_atomic(args.profile_out, json.dumps(profile_json(result), indent=1))
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    m = result.machine
+    print(f"device: {m.device}; {m.compute_units}")
+    for note in result.notes:
+        print(f"note: {note}")
+    base = result.targets[0]
+    print(fmt.table([(t.label, t.weights_dtype, t.context_length, f"{t.tok_per_s_median:.2f}",
+                      f"{min(t.tok_per_s):.2f}–{max(t.tok_per_s):.2f}", f"{t.ms_per_token_median:.2f}",
+                      f"×{t.ms_per_token_median / base.ms_per_token_median:.2f}") for t in result.targets],
+                    ("build", "weights", "ctx", "tok/s", "spread", "ms/token", "× first")))
+    for t in result.targets:
+        print(f"\n{t.label}: {t.join}")
+        cats = sorted(t.time_by_category_ms.items(), key=lambda kv: -kv[1])
+        print("  ms/token by byte category: " + ", ".join(f"{k} {v:.3f}" for k, v in cats if v > 0))
+        if t.ops:
+            print(fmt.table([(o.index, o.type.removeprefix("coreai."), o.layer if o.layer is not None else "-",
+                              o.category, f"{o.time_ms:.3f}", fmt.mib(o.bytes_per_token)) for o in t.ops[:10]],
+                            ("op", "type", "layer", "category", "ms/token", "bytes/token")))
+    for what, path in (("log", args.out), ("profile", args.profile_out)):
+        if path:
+            print(f"wrote {what} {path}")
+    return 0

@@ -1,0 +1,111 @@
+"""Conversions started from the dashboard, run in a background thread so no page waits for them.
+
+The conversion itself is a child process (``analyzer.convert.launch.run_build``); this thread only reads its
+progress lines. A job belongs to the browser session that started it (kept in its session state); what
+every session can see — the machine-wide queue and the finished builds — lives on disk. No streamlit here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from analyzer.convert.launch import BuildResult, Progress, run_builds
+from analyzer.errors import QfoldError
+from analyzer.model.spec import BuildSpec
+
+
+@dataclass(frozen=True, slots=True)
+class JobSnapshot:
+    """A consistent view of a job for one page render."""
+
+    id: str
+    keys: tuple[str, ...]
+    state: str  # "starting" | "running" | "done" | "failed"
+    fraction: float  # over all the job's builds
+    stage: str
+    message: str
+    current_key: str | None  # the build being converted, or the one that failed
+    results: tuple[BuildResult, ...]
+    error: str | None
+    started_s: float
+    elapsed_s: float
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed")
+
+
+class BuildJob:
+    """One or more builds in a daemon thread, converted by ONE child process (``run_builds``): the variants of
+    an A/B share its model and traces."""
+
+    def __init__(self, specs: tuple[BuildSpec, ...], root: Path) -> None:
+        if not specs:
+            raise ValueError("a build job needs at least one BuildSpec")
+        self.id = uuid.uuid4().hex[:8]
+        self.specs = specs
+        self.keys = tuple(s.key for s in specs)
+        self.root = root
+        self._lock = threading.Lock()
+        self._state = "starting"
+        self._index = 0
+        self._progress = Progress(0.0, "starting", "starting the conversion process")
+        self._results: list[BuildResult] = []
+        self._error: str | None = None
+        self._started = time.time()
+        self._finished: float | None = None
+        self._thread = threading.Thread(target=self._run, name=f"qfold-build-{self.id}", daemon=True)
+
+    def start(self) -> BuildJob:
+        self._thread.start()
+        return self
+
+    def _on_build_progress(self, p: Progress) -> None:
+        with self._lock:
+            if p.stage == "done" and p.message.startswith(str(self.root)):  # one build of the batch is finished
+                self._index = min(self._index + 1, len(self.specs) - 1)
+            self._state = "running"
+            self._progress = p
+
+    def _run(self) -> None:
+        try:
+            with self._lock:
+                self._state = "running"
+                self._progress = Progress(0.0, "starting", f"{len(self.specs)} build(s) in one conversion process")
+            results = run_builds(self.specs, self.root, on_progress=self._on_build_progress)
+            with self._lock:
+                self._results.extend(results)
+                self._state = "done"
+        except QfoldError as e:  # BuildError / SourceError: a message written for the user
+            with self._lock:
+                self._state, self._error = "failed", str(e)
+        except Exception as e:  # anything else still ends the job visibly, never silently
+            with self._lock:
+                self._state, self._error = "failed", f"{type(e).__name__}: {e}"
+        finally:
+            with self._lock:
+                self._finished = time.time()
+
+    def snapshot(self) -> JobSnapshot:
+        with self._lock:
+            n = len(self.specs)
+            done = len(self._results)
+            frac = 1.0 if self._state == "done" else min(1.0, max(done / n, self._progress.fraction))
+            end = self._finished or time.time()
+            return JobSnapshot(
+                id=self.id,
+                keys=self.keys,
+                state=self._state,
+                fraction=frac,
+                stage=self._progress.stage,
+                message=self._progress.message,
+                current_key=None if self._state == "done" else self.keys[self._index],
+                results=tuple(self._results),
+                error=self._error,
+                started_s=self._started,
+                elapsed_s=end - self._started,
+            )

@@ -1,0 +1,41 @@
+"""Progress of the conversion child: ``@@qfold {json}`` lines on stdout for the parent, the same lines kept for
+the build's ``build.log``, per-step timings and the process's peak memory. One module, imported under its own
+name by ``analyzer.convert.child`` (which runs as ``__main__``) and by the build modes, so both write one log."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+
+from analyzer.convert.launch import PROGRESS_PREFIX
+
+T0 = time.monotonic()
+LOG: list[str] = []
+
+
+def emit(fraction: float, stage: str, message: str) -> None:
+    line = f"[{time.monotonic() - T0:7.1f} s] {stage}: {message}"
+    LOG.append(line)
+    print(PROGRESS_PREFIX + json.dumps({"fraction": round(fraction, 3), "stage": stage, "message": message}),
+          flush=True)
+
+
+def peak_rss_bytes(platform: str = sys.platform) -> int:
+    """Peak resident memory of this process so far, in bytes. getrusage(2) gives ``ru_maxrss`` in kilobytes on
+    Linux (Linux man-pages, getrusage(2)) and in bytes on macOS (Darwin's getrusage(2) man page)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if platform == "darwin" else 1024)
+
+
+class Clock:
+    """Seconds per named step, rounded to ms (a name timed twice adds up)."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, name: str, fn, *args, **kwargs):
+        t = time.monotonic()
+        result = fn(*args, **kwargs)
+        self.timings[name] = round(self.timings.get(name, 0.0) + time.monotonic() - t, 3)
+        return result

@@ -1,0 +1,112 @@
+"""Issue 19's done-when for every GQA/MQA preset: each preset's own family and attention geometry (query heads, KV
+heads, head dim) as a 2-layer config, converted to Core AI (repeat_kv, qfold, sdpa_gqa) and to Core ML (repeat_kv,
+qfold), fp16, KV as state.
+
+* Core AI repeat_kv: 2 replication ops per layer (K and V) of Hq·S·D·2 bytes each; with one KV head (MQA) K's only,
+  because coreai-torch drops V's broadcast (the byte difference with Core ML is that copy, and ``diff`` says so);
+  Q-fold: none; sdpa_gqa: 2 per layer inside the SDPA composite's fallback body, marked with the composite.
+* kv_read, kv_write (and its value-semantics figure) and replication equal the Core ML build's; every other
+  per-kind byte difference (``diff``: ``analyzer.graph.diff_reasons.explain``) has a known cross-backend cause.
+
+Cheap on purpose: hidden 256 wherever the family's config takes a head_dim (qwen2 derives it from the hidden size,
+so its presets keep theirs), MLP 256, vocab 512, ctx 32, and value-free weights on both backends (analysis mode,
+whose analyses are a materialised build's op for op: tests/test_fast_identity.py, tests/test_coreai.py), in-process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("coreai_torch")  # Core AI's wheels: Linux x86_64 cp311/cp312 and macOS arm64 only
+import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
+
+from analyzer.convert.aimodel_build import export_step, save_asset, to_program
+from analyzer.convert.header_blobs import to_program as to_mil_program
+from analyzer.convert.header_blobs import walk_program
+from analyzer.convert.step import trace_step
+from analyzer.errors import SourceError
+from analyzer.graph.accounting import CATEGORIES
+from analyzer.graph.aimodel.walk import read_asset
+from analyzer.graph.diff_reasons import CROSS_BACKEND_CAUSES, MQA_V_COPY, explain
+from analyzer.graph.record import Analysis
+from analyzer.model.decode import DecodeStep
+from analyzer.model.sources import geometry_of, list_presets, load_config, resolve_source
+from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
+
+pytestmark = pytest.mark.conversion
+CTX = 32
+SMALL = ("num_hidden_layers=2", "intermediate_size=256", "vocab_size=512")
+GEOMETRIES = {p.name: geometry_of(load_config(resolve_source(p.name))) for p in list_presets()}
+GQA_PRESETS = sorted(name for name, g in GEOMETRIES.items() if g.num_kv_heads < g.num_q_heads)
+SAME_BYTES = ("kv_read", "kv_write", "kv_write_value_semantics")
+
+
+def small_source(preset: str):
+    """2 layers, small MLP and vocab, the preset's heads, KV heads and head dim: hidden 256 with head_dim pinned
+    where the family's config has the field, else (qwen2) the preset's hidden size."""
+    d = GEOMETRIES[preset].head_dim
+    try:
+        return resolve_source(preset, [*SMALL, "hidden_size=256", f"head_dim={d}"], seed=5)
+    except SourceError:
+        return resolve_source(preset, list(SMALL), seed=5)
+
+
+def convert_both(preset: str, tmp_path) -> tuple[dict[str, Analysis], dict[str, Analysis]]:
+    """(Core ML analyses, Core AI analyses) by variant, as analysis-mode builds make them: every Core ML variant
+    traced over zero pages, the weights made value-free views, then converted (milinternal) and walked; the Core AI
+    steps exported with the views."""
+    model = build_value_free_model(small_source(preset))
+    traces = {}
+    for v in ("repeat_kv", "qfold"):
+        step = DecodeStep(model, CTX, v, "state", lazy_cache=True).eval()
+        traces[v] = (trace_step(step), step)
+    assign_value_free_weights_(model)
+    coreml = {v: Analysis(walk_program(to_mil_program(traced, step), tmp_path)) for v, (traced, step) in traces.items()}
+    coreai = {}
+    for v in ("repeat_kv", "qfold", "sdpa_gqa"):
+        step = DecodeStep(model, CTX, v, "state", lazy_cache=True).eval()
+        save_asset(to_program(export_step(step), step), tmp_path / f"{v}.aimodel")
+        coreai[v] = Analysis(read_asset(tmp_path / f"{v}.aimodel"))
+    return coreml, coreai
+
+
+def kv_copies(a: Analysis):
+    return [t for t in a.summary.tiles if t.kind == "kv_replication"]
+
+
+@pytest.mark.parametrize("preset", GQA_PRESETS)
+def test_every_gqa_preset_on_both_backends(preset, tmp_path):
+    g = GEOMETRIES[preset]
+    small = geometry_of(load_config(small_source(preset)))
+    assert (small.num_q_heads, small.num_kv_heads, small.head_dim, small.num_layers) == \
+        (g.num_q_heads, g.num_kv_heads, g.head_dim, 2)
+    coreml, coreai = convert_both(preset, tmp_path)
+    copy = g.num_q_heads * CTX * g.head_dim * 2  # Hq·S·D·2 bytes
+    mqa = g.num_kv_heads == 1
+
+    rk = kv_copies(coreai["repeat_kv"])
+    assert [t.layer for t in rk] == ([0, 1] if mqa else [0, 0, 1, 1])  # MQA: K's copy only
+    assert {t.output_bytes for t in rk} == {copy} and all(t.composite is None for t in rk)
+    sdpa = kv_copies(coreai["sdpa_gqa"])
+    assert [t.layer for t in sdpa] == [0, 0, 1, 1] and {t.output_bytes for t in sdpa} == {copy}
+    assert {t.composite for t in sdpa} == {"scaled_dot_product_attention"}
+    assert kv_copies(coreai["qfold"]) == [] and coreai["qfold"].bytes_per_token.replication == 0
+    assert [t.output_bytes for t in kv_copies(coreml["repeat_kv"])] == [copy] * 4 and kv_copies(coreml["qfold"]) == []
+
+    for v in ("repeat_kv", "qfold"):
+        ml, ai = coreml[v], coreai[v]
+        for k in SAME_BYTES:
+            assert ml.bytes_per_token.get(k) == ai.bytes_per_token.get(k), (v, k)
+        reasons = explain(ml, ai)
+        for c in CATEGORIES:  # every byte of every category is in exactly one part
+            assert sum(r.delta for r in reasons if r.aspect == c) == \
+                ai.bytes_per_token.get(c) - ml.bytes_per_token.get(c), (v, c)
+        unexplained = [(r.aspect, r.kind, r.a, r.b) for r in reasons
+                       if r.aspect != "ops" and (r.aspect, r.kind) not in CROSS_BACKEND_CAUSES]
+        assert unexplained == [], (v, unexplained)
+        replication = ai.bytes_per_token.replication - ml.bytes_per_token.replication
+        if v == "repeat_kv" and mqa:  # V's copy per layer, written and read once more, and nothing else
+            assert replication == -2 * copy * small.num_layers
+            assert any(MQA_V_COPY in r.why for r in reasons if (r.aspect, r.kind) == ("replication", "tile"))
+        else:
+            assert replication == 0, v
