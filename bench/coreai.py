@@ -7,7 +7,9 @@ Core AI build costs. One run does both; the heavy parts hold the machine-wide lo
 
 ``attention``: the default preset's attention geometry (EXAONE 4.0 1.2B: 32 query / 8 KV heads, head dim 64) with
 2 decoder layers, hidden 256, vocab 1000, fp32 weights (``--weights fp32``: the Linux runtime's fp16 matmul kernel
-swamps everything else, probe/coreai/RESULTS.md Q4), built with ``build --backend coreai`` at ctx 256 and 2048
+swamps everything else, probe/coreai/RESULTS.md Q4; such a build keeps its KV state in fp32 too,
+``BuildSpec.kv_dtype``, and like every Core AI build stores linear weights ``[in, out]``,
+``analyzer.model.linear_layout``), built with ``build --backend coreai`` at ctx 256 and 2048
 (repeat_kv, qfold and sdpa_gqa), then all six build folders timed by ``analyzer.device.bench`` in ONE runtime child:
 rounds interleave every target, so the ratios come from one run. Each round is ``--steps`` decode steps from zeroed
 states; the figure is the median round. The per-op profile gives each variant's time by byte category.
@@ -86,7 +88,7 @@ def attention(builds: Path, rounds: int, steps: int) -> dict:
     result = run_bench(paths, labels, steps=steps, rounds=rounds, warmup=1)
     by = {t.label: t for t in result.targets}
     out: dict = {"geometry": "EXAONE 4.0 1.2B attention (32 q / 8 KV heads, head dim 64), 2 layers, hidden 256, "
-                             "vocab 1000, fp32 weights, fp16 KV state",
+                             "vocab 1000, fp32 weights and KV state",
                  "rounds": rounds, "steps_per_round": steps, "build_s": round(t_build, 1),
                  "device": result.machine.device, "ctx": {}}
     for ctx in CTXS:

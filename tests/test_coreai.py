@@ -28,6 +28,7 @@ from analyzer.graph.record import Analysis, load_analysis
 from analyzer.jsonfields import Field
 from analyzer.model.cost import estimate
 from analyzer.model.decode import DecodeStep, build_model, example_inputs, make_mask, run_decode
+from analyzer.model.linear_layout import TransposedLinear, pretranspose_linears_
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
 from analyzer.model.spec import BuildSpec
 from analyzer.report.catalog import catalog, spec_facts
@@ -227,6 +228,46 @@ def test_fold_bench_and_shape_on_core_ai_builds(coreai_builds, tmp_path, capsys)
     ref = next(r for r in refs if r.id == f"build:{coreai_builds['qfold'].name}")
     assert row["build"] == ref.label and ref.label.endswith(f"Core AI · build {ref.id.rsplit('-', 1)[1]}")
     assert match_log_label(row["build"], refs).ref_id == ref.id
+
+
+def test_linear_weights_are_stored_as_the_matmul_reads_them(coreai_builds):
+    """analyzer.model.linear_layout: every untied linear stored [in, out] computes what nn.Linear did (a real
+    model's decode, fp32), the tied lm_head keeps its layout, and the Core AI build runs no transpose of a weight
+    but the tied lm_head's: K's transposes for QKᵀ (one per layer) and that one are all that is left."""
+    src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    g = geometry_of(load_config(src))
+    model = build_model(src, torch.float32)
+    fp32_step = dict(variant="qfold", kv_mode="state", cache_dtype=torch.float32)  # an fp16 cache would round
+    ref = run_decode(DecodeStep(model, TINY_CTX, **fp32_step), [5, 7, 11], torch.float32)
+    assert pretranspose_linears_(model) == 7 * g.num_layers  # q, k, v, o, gate, up, down; lm_head is tied
+    assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is model.get_input_embeddings().weight
+    q = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q, TransposedLinear) and q.weight_t.shape == (g.hidden_size, g.num_q_heads * g.head_dim)
+    got = run_decode(DecodeStep(model, TINY_CTX, **fp32_step), [5, 7, 11], torch.float32)
+    assert (got - ref).abs().max() < 1e-5 * max(ref.abs().max(), 1)  # the same products, summed in another order
+    for variant in ("repeat_kv", "qfold"):
+        ops = load_analysis(coreai_builds[variant]).program.ops
+        transposes = [op for op in ops if op.type == "coreai.transpose"]
+        from_constants = [op for op in transposes if any(i.is_const and len(i.tensor.shape) == 2 for i in op.inputs)]
+        assert len(transposes) == g.num_layers + 1 and len(from_constants) == 1, variant  # K per layer, lm_head
+
+
+def test_an_fp32_build_keeps_its_kv_state_in_fp32(coreai_builds, builds_root):
+    """``--weights fp32`` on Core AI: the cache is fp32 like the rest of the model (``BuildSpec.kv_dtype``), so no
+    cast reads a state (an fp16 cache cost two whole-cache casts per layer and step), the KV bytes are twice the fp16
+    build's, and the key says so where an fp16 build's key is unchanged."""
+    src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    spec = BuildSpec(src, "qfold", "state", TINY_CTX, backend="coreai", weights="fp32")
+    assert spec.kv_dtype == "fp32" and spec.fingerprint()["kv_dtype"] == "fp32"
+    assert replace(spec, weights="fp16").fingerprint()["kv_dtype"] == "fp16" == BuildSpec(src, "qfold").kv_dtype
+    (built,) = run_builds([spec], builds_root)
+    fp32, fp16 = load_analysis(built.path), load_analysis(coreai_builds["qfold"])
+    assert {t.dtype for t in fp32.program.states} == {"fp32"} and {t.dtype for t in fp16.program.states} == {"fp16"}
+    ops = fp32.program.ops
+    reads = {op.index for op in ops if op.type == "coreai.read_handle"}
+    assert reads and not [op for op in ops if op.type == "coreai.cast" and
+                          any(i.producer in reads for i in op.inputs)]
+    assert fp32.bytes_per_token.kv_read == 2 * fp16.bytes_per_token.kv_read > 0
 
 
 def test_input_mode_and_prefill_builds_match_core_ml(builds_root):

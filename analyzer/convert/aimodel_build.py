@@ -12,7 +12,9 @@ an export-friendly form only while exporting (``BufferLayer.update``), so Core M
 Inputs, outputs and states are named as in a Core ML build (``input_ids``, ``current_pos``, ``causal_mask``,
 ``k_cache_<i>``/``v_cache_<i>``, ``logits``, ``new_k``/``new_v``): KV as state becomes Core AI state handles
 (``read_handle → slice_update → write_handle``), KV as inputs plain inputs. The saved asset is walked by
-``analyzer.graph.aimodel.walk`` like any other.
+``analyzer.graph.aimodel.walk`` like any other. Two layouts differ from the Core ML build, for every variant alike:
+linear weights are stored ``[in, out]`` (``analyzer.model.linear_layout``: no transpose of a constant on every
+call), and an fp32 build keeps its KV cache in fp32 (``BuildSpec.kv_dtype``; a Core ML state must be fp16).
 
 Build modes (``--weights fp16`` or ``fp32`` either way):
 
@@ -37,14 +39,13 @@ from analyzer.convert.launch import ASSET_NAME
 from analyzer.convert.modes import _analyses, _describe, _torch_checks, make_step
 from analyzer.convert.progress import Clock, emit, peak_rss_bytes
 from analyzer.graph.aimodel.walk import read_asset
-from analyzer.model.backends import require_coreai
+from analyzer.model.backends import TORCH_DTYPES, require_coreai
 from analyzer.model.decode import build_model, example_inputs
+from analyzer.model.linear_layout import pretranspose_linears_
 from analyzer.model.prefill import PrefillStep, example_prefill_inputs
 from analyzer.model.sources import geometry_of, load_config
 from analyzer.model.spec import ANALYSIS_MODE, BuildSpec, phases_of
 from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
-
-_TORCH_DTYPES = {"fp16": "float16", "fp32": "float32"}
 
 
 def io_names(step) -> tuple[list[str], list[str]]:
@@ -120,6 +121,7 @@ def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, tota
         emit(0.02, "model", _describe(src, geometry, "value-free weights: shapes and dtypes, no values"))
         model = shared("build_model_s", build_value_free_model, src)
         shared("weights_s", assign_value_free_weights_, model)
+        pretranspose_linears_(model, materialise=False)
     else:
         kind = "safetensors weights" if src.has_real_weights else f"seeded random weights, seed {src.seed}"
         emit(0.02, "model", _describe(src, geometry, f"{kind}, {weights}"))
@@ -127,7 +129,8 @@ def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, tota
     for i, spec in enumerate(group):
         clock = Clock()
         if model is None:
-            model = clock("build_model_s", build_model, src, getattr(torch, _TORCH_DTYPES[weights]))
+            model = clock("build_model_s", build_model, src, getattr(torch, TORCH_DTYPES[weights]))
+            clock("pretranspose_s", pretranspose_linears_, model)  # analyzer.model.linear_layout: why
         (phase,) = phases_of(spec.phase)  # check_backend refuses decode+prefill
         base = (done + i) / total
         step = make_step(model, spec, phase, lazy_cache=value_free)

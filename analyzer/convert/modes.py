@@ -44,7 +44,7 @@ from analyzer.graph.mil_reader import list_functions, read_program
 from analyzer.graph.program_json import program_from_json, program_to_json
 from analyzer.graph.record import SCHEMA_VERSION, Analysis
 from analyzer.jsonfields import Field
-from analyzer.model.backends import COREAI, coreai_versions
+from analyzer.model.backends import COREAI, TORCH_DTYPES, coreai_versions
 from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
 from analyzer.model.prefill import PrefillStep
 from analyzer.model.sources import geometry_of, load_config
@@ -56,9 +56,14 @@ def make_step(model, spec: BuildSpec, phase: str, lazy_cache: bool = False):
     """The torch step one function of ``spec`` converts: a decode step, or a prefill step of ``spec.q_len``
     (``lazy_cache``: KV buffers resident only where written, for value-free traces)."""
 
+    import torch
+
+    cache_dtype = getattr(torch, TORCH_DTYPES[spec.kv_dtype])
     if phase == "prefill":
-        return PrefillStep(model, spec.ctx, spec.variant, spec.kv_mode, spec.q_len, lazy_cache=lazy_cache).eval()
-    return DecodeStep(model, spec.ctx, spec.variant, spec.kv_mode, lazy_cache=lazy_cache).eval()
+        return PrefillStep(model, spec.ctx, spec.variant, spec.kv_mode, spec.q_len, cache_dtype=cache_dtype,
+                           lazy_cache=lazy_cache).eval()
+    return DecodeStep(model, spec.ctx, spec.variant, spec.kv_mode, cache_dtype=cache_dtype,
+                      lazy_cache=lazy_cache).eval()
 
 
 def save_functions(parts: list[tuple[str, Path]], pkg: Path, default: str) -> None:

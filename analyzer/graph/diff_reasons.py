@@ -4,8 +4,10 @@ Every byte is charged to exactly one op (``accounting``), so a category's differ
 per-kind differences (an op's kind is its MIL op, or what a Core AI op moves data like: ``OpRecord.kind``); each
 part names the ops behind it and, where the cause is known, says it. Across backends (a Core ML build against a
 Core AI build of the same model, ``diff A B``) the known causes are those measured on qfold's own builds
-(tests/test_coreai.py): Core AI transposes linear weights at run time and keeps the torch model's fp32 steps,
-while coremltools folds the transposes into the constants and computes in fp16.
+(tests/test_coreai.py): coreai-torch transposes a linear weight stored ``[out, in]`` at run time (a foreign
+asset's every linear; in qfold's builds, which store untied weights ``[in, out]`` (``analyzer.model.linear_layout``),
+only a tied lm_head) and keeps the torch model's fp32 steps, while coremltools folds the transposes into the
+constants and computes in fp16.
 
     explain(a, b) → (Reason("activations", "transpose", 0, 5_013_504, "Core AI transposes ..."), ...)
 """
@@ -28,21 +30,26 @@ MQA_V_COPY = ("with one KV head (MQA) coreai-torch drops V's copy: its reshape �
               "copy stays (a transpose sits between it and the QKᵀ matmul); Core ML tiles both")
 # (category, kind) → the cause, when A and B come from different backends.
 CROSS_BACKEND_CAUSES: dict[tuple[str, str], str] = {
-    ("activations", "transpose"): "Core AI transposes each linear weight at run time (torch's linear is x·Wᵀ; "
-                                  "coremltools folds the transpose into the constant): each copy is written here, "
-                                  "then read by a matmul",
+    ("activations", "transpose"): "Core AI transposes a linear weight stored [out, in] at run time (torch's linear "
+                                  "is x·Wᵀ; coremltools folds the transpose into the constant): each copy is "
+                                  "written here, then read by a matmul (qfold's own builds store untied weights "
+                                  "[in, out]: only a tied lm_head's), and K is transposed for QKᵀ",
     ("activations", "matmul"): "Core AI's matmuls read the run-time transposed weights (activations) where Core "
                                "ML's linear reads its constant (weights); and its K matmul reads an explicit "
                                "transpose of K",
     ("activations", "linear"): "Core ML's linear reads its weight as a constant; Core AI writes the same product as "
-                               "a matmul over a run-time transposed copy",
+                               "a matmul (over the weight as stored, or a run-time transposed copy)",
     ("activations", "cast"): "Core AI casts into and out of the torch model's fp32 steps; " + _FP32_STEPS,
     ("weights", "mul"): "constants at another precision: coremltools stores fp32 constants (RoPE's inverse "
                         "frequencies) in fp16, Core AI keeps their torch dtype",
     ("weights", "concat"): "Core AI builds a slice's end indices from constant markers (INT32_MAX) where Core ML "
                            "uses an end mask over zero constants (free)",
-    ("weights", "linear"): "the same weights: Core ML's linear reads them, Core AI's run-time transposes do",
-    ("weights", "transpose"): "the same weights: Core AI's run-time transposes read them, Core ML's linear does",
+    ("weights", "linear"): "the same weights: Core ML's linear reads them, Core AI's matmuls (a weight stored "
+                           "[in, out]) or run-time transposes (stored [out, in]) do",
+    ("weights", "matmul"): "the same weights: Core AI's matmuls read them as stored [in, out] (qfold's Core AI "
+                           "builds, analyzer.model.linear_layout), Core ML's linear reads them",
+    ("weights", "transpose"): "the same weights: Core AI's run-time transposes read those stored [out, in] (in "
+                              "qfold's builds, a tied lm_head: the embedding table), Core ML's linear does",
     ("replication", "transpose"): "the K copy: Core AI reads it through an explicit transpose (then the matmul reads "
                                   "the transposed copy), Core ML's matmul reads it directly (transpose_y)",
     ("replication", "matmul"): "the K copy: Core ML's matmul reads it directly (transpose_y), Core AI's through an "

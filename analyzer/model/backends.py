@@ -34,6 +34,7 @@ BACKENDS: dict[str, str] = {
 }
 # The torch weights' dtype (part of the key when not the default). Core ML always computes in fp16.
 WEIGHT_DTYPES = ("fp16", "fp32")
+TORCH_DTYPES = {"fp16": "float16", "fp32": "float32"}  # torch's name of each (weights and KV cache)
 DEFAULT_WEIGHTS = "fp16"
 COREAI_INSTALL = ("pip install -r requirements.txt (coreai-core==1.0.0b3 and coreai-torch==0.4.3; wheels exist for "
                   "Linux x86_64 with CPython 3.11/3.12 and macOS arm64 only)")
