@@ -151,75 +151,82 @@ def fold_cached(src: str | Path, root: str | Path | None = None, steps: int = DE
     digest = package_digest(pkg)
     key = fold_key(digest) + (f"-s{hashlib.sha256(repr(sorted(shapes.items())).encode()).hexdigest()[:8]}"
                               if shapes else "")
-    parent = builds_dir(root) / FOLDS_DIR
-    folder = parent / key
-    parent.mkdir(parents=True, exist_ok=True)
     request = _proof_request(steps, seed, roles_path)
-    # the builds folder's ownership rules (analyzer.convert.builds_folder): a .tmp-<key>-<pid> folder lives only
-    # under its key lock, so one whose lock is free is a killed fold's leftover
-    with key_lock(parent, key):
-        clean_stale_tmp(parent, holding=(key,))
-        record = _verified_entry(folder)
-        if record is not None:
-            if prove and record.get("proof_request") != request and record["report"]["changed"]:
-                record["proof"] = proof_json(prove_fold(pkg, folder / PACKAGE_NAME, steps, seed, roles_path,
-                                                        shapes=shapes))
-                record["proof_request"] = request
-                write_json_atomic(folder / FOLD_FILE, record)
-            return FoldResult(key, folder, folder / PACKAGE_NAME, record, True, time.monotonic() - t0)
-        tmp = tmp_folder(parent, key)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            report = fold_package(pkg, tmp / PACKAGE_NAME, shapes=shapes)
-            if not report.changed:
-                proof = _not_needed()
-            elif prove:
-                proof = prove_fold(pkg, tmp / PACKAGE_NAME, steps, seed, roles_path, shapes=shapes)
-            else:
-                proof = FoldProof(False, reason="not requested")
-            record = {"key": key, "source_sha256": digest, "source_name": pkg.name, "source_path": str(pkg.resolve()),
-                      "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                      "package_sha256": package_digest(tmp / PACKAGE_NAME),
-                      "report": report_json(report), "proof": proof_json(proof), "proof_request": request}
-            (tmp / FOLD_FILE).write_text(json.dumps(record))
-            shutil.rmtree(folder, ignore_errors=True)  # an entry that failed its check
-            os.rename(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return FoldResult(key, folder, folder / PACKAGE_NAME, record, False, time.monotonic() - t0)
+
+    def reuse(record: dict[str, Any], folder: Path) -> dict[str, Any]:
+        if prove and record.get("proof_request") != request and record["report"]["changed"]:
+            record["proof"] = proof_json(prove_fold(pkg, folder / PACKAGE_NAME, steps, seed, roles_path,
+                                                    shapes=shapes))
+            record["proof_request"] = request
+            write_json_atomic(folder / FOLD_FILE, record)
+        return record
+
+    def make(tmp: Path) -> dict[str, Any]:
+        report = fold_package(pkg, tmp / PACKAGE_NAME, shapes=shapes)
+        if not report.changed:
+            proof = _not_needed()
+        elif prove:
+            proof = prove_fold(pkg, tmp / PACKAGE_NAME, steps, seed, roles_path, shapes=shapes)
+        else:
+            proof = FoldProof(False, reason="not requested")
+        return {"key": key, "source_sha256": digest, "source_name": pkg.name, "source_path": str(pkg.resolve()),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                "package_sha256": package_digest(tmp / PACKAGE_NAME),
+                "report": report_json(report), "proof": proof_json(proof), "proof_request": request}
+
+    return _cache_entry(builds_dir(root) / FOLDS_DIR, key, PACKAGE_NAME, t0, reuse, make)
 
 
 def _fold_asset_cached(asset: Path, parent: Path, steps: int, seed: int, roles_path: str | Path | None,
                        prove: bool, t0: float) -> FoldResult:
-    """:func:`fold_cached` of a checked Core AI asset (``check_asset`` verified ``main.hash``, its key)."""
+    """:func:`fold_cached` of a checked Core AI asset (``check_asset`` verified ``main.hash``, its key). An entry
+    proven at another request is folded again (the rewrite runs in a child with its proof; nothing to re-prove)."""
     digest = (asset / HASH_FILE).read_bytes().hex()
     key = f"{digest[:24]}-coreai-p{asset_fold.PASS_VERSION}"
+    request = _proof_request(steps, seed, roles_path)
+
+    def reuse(record: dict[str, Any], folder: Path) -> dict[str, Any] | None:
+        if record.get("proof_request") == request or not prove or not record["report"]["changed"]:
+            return record
+        return None
+
+    def make(tmp: Path) -> dict[str, Any]:
+        doc = asset_fold.fold_asset(asset, tmp / ASSET_NAME, steps, seed, roles_path, prove).to_json()
+        proof = doc.pop("proof")
+        return {"key": key, "backend": "coreai", "source_sha256": digest, "source_name": asset.name,
+                "source_path": str(asset.resolve()), "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                "package_sha256": _digest_of(tmp / ASSET_NAME), "report": doc, "proof": proof,
+                "proof_request": request}
+
+    return _cache_entry(parent, key, ASSET_NAME, t0, reuse, make)
+
+
+def _cache_entry(parent: Path, key: str, artifact: str, t0: float,
+                 reuse: Callable[[dict[str, Any], Path], dict[str, Any] | None],
+                 make: Callable[[Path], dict[str, Any]]) -> FoldResult:
+    """One fold-cache entry under the builds folder's ownership rules (a ``.tmp-<key>-<pid>`` folder lives only under
+    its key lock, so one whose lock is free is a killed fold's leftover). A verified entry goes to ``reuse(record,
+    folder)``, which hands it out (updated if need be) or returns None; else ``make(tmp)`` folds into a temporary
+    folder and returns its record, and the folder is renamed into place over any entry it replaces."""
     folder = parent / key
     parent.mkdir(parents=True, exist_ok=True)
-    request = _proof_request(steps, seed, roles_path)
     with key_lock(parent, key):
         clean_stale_tmp(parent, holding=(key,))
         record = _verified_entry(folder)
-        if record is not None and (record.get("proof_request") == request or not prove
-                                   or not record["report"]["changed"]):
-            return FoldResult(key, folder, folder / ASSET_NAME, record, True, time.monotonic() - t0)
+        kept = None if record is None else reuse(record, folder)
+        if kept is not None:
+            return FoldResult(key, folder, folder / artifact, kept, True, time.monotonic() - t0)
         tmp = tmp_folder(parent, key)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            doc = asset_fold.fold_asset(asset, tmp / ASSET_NAME, steps, seed, roles_path, prove).to_json()
-            proof = doc.pop("proof")
-            record = {"key": key, "backend": "coreai", "source_sha256": digest, "source_name": asset.name,
-                      "source_path": str(asset.resolve()), "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                      "package_sha256": _digest_of(tmp / ASSET_NAME), "report": doc, "proof": proof,
-                      "proof_request": request}
+            record = make(tmp)
             (tmp / FOLD_FILE).write_text(json.dumps(record))
-            shutil.rmtree(folder, ignore_errors=True)  # an entry that failed its check, or another proof request
+            shutil.rmtree(folder, ignore_errors=True)
             os.rename(tmp, folder)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return FoldResult(key, folder, folder / ASSET_NAME, record, False, time.monotonic() - t0)
+    return FoldResult(key, folder, folder / artifact, record, False, time.monotonic() - t0)
 
 
 def _digest_of(artifact: Path) -> str:
