@@ -4,7 +4,9 @@ tiny: 2 layers of the default preset's attention geometry at ctx 256 (~10 s a bu
 as decode+prefill packages.
 coreai_builds: the tiny config as Core AI builds (materialised, fp16) of repeat_kv, qfold and sdpa_gqa.
 structure: the default preset's 30 layers and attention geometry at ctx 4096 with small hidden/vocab sizes
-(same tiles and tile bytes as full size in ~1 min and ~1 GB a build: docs/measurements.md).
+(same tiles and tile bytes as full size: docs/measurements.md), in analysis mode (value-free weights: the same
+analysis as a materialised build, op for op, tests/test_fast_identity.py; ~30 s a build where a materialised one
+took ~2.5 min of the suite).
 
 Tests marked ``full`` (full-size conversions, ~15 GB each) run only with ``QFOLD_FULL=1``.
 """
@@ -18,7 +20,7 @@ import pytest
 
 from analyzer.convert.launch import run_build, run_builds
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
-from analyzer.model.spec import BuildSpec
+from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
 
 TINY_OVERRIDES = (*STRUCTURE_OVERRIDES, "num_hidden_layers=2")
 TINY_CTX = 256
@@ -70,7 +72,10 @@ def tiny_phase_builds(builds_root) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def structure_builds(builds_root) -> dict[str, Path]:
-    return _pair(builds_root, STRUCTURE_OVERRIDES, 4096)
+    """The structure pair, analysis mode, converted by one child (an A/B)."""
+    source = resolve_source(DEFAULT_PRESET, STRUCTURE_OVERRIDES)
+    specs = [BuildSpec(source, v, "state", 4096, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold")]
+    return {s.variant: r.path for s, r in zip(specs, run_builds(specs, builds_root), strict=True)}
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """The analysis build mode (value-free weights) gives the materialised build's analysis, op for op: every op's
 type, name, layer, inputs (shapes, dtypes, producers, stored bytes), outputs, const bytes, tile kind and zero
-flag, hence identical op counts, tiles and bytes by category, layer and op. On the structure config through
-the build child (an A/B in one process), on 2-layer full-width configs of three families, and compressed with
-every preset on the structure config; prefill and decode+prefill (one analysis per function) on the tiny config."""
+flag, hence identical op counts, tiles and bytes by category, layer and op. On the structure config at 4 layers
+through the build child (an A/B in one process), on 2-layer full-width configs of three families, and compressed
+with every preset on the structure config at 14 layers; prefill and decode+prefill (one analysis per function)
+on the tiny config."""
 
 import pytest
 import torch
@@ -97,52 +98,61 @@ def test_two_layer_full_width_models_analyse_identically(preset, tmp_path):
     assert len(a.tiles()) == 4 and a.path == ""
 
 
+COMPRESSED_LAYERS = 14  # top12 promotes the first and last 6 layers: 2 keep the base rule (top8: 6)
+
+
 @pytest.mark.parametrize("preset", [pytest.param("base", marks=pytest.mark.full), "top8",
                                     pytest.param("top12", marks=pytest.mark.full)])
 def test_compressed_structure_build_analyses_identically(preset, tmp_path):
-    """Every compression preset on the structure config (Q-fold): coremltools' palettization and int8 passes
-    lay out the value-free weights (a 16-entry fp16 LUT per 16 output channels with uint4 indices, 6-bit for
+    """Every compression preset on the structure config at 14 layers (Q-fold): coremltools' palettization and
+    int8 passes lay out the value-free weights (a 16-entry fp16 LUT per 16 output channels with uint4 indices, 6-bit for
     the lm_head, int8 data with one fp16 scale per output channel) exactly as they lay out random ones.
     Only names coremltools generates from its op-name counters may differ: the state reads
     (``coreml_update_state_<n>``) and the gather-index fix-up it re-creates (greater_equal/add/select on one
     int32), because the materialised path reloads the program from protobuf before each of its two passes and
     numbers them again. Their types, layers, shapes and bytes are identical, and none reads a weight. base and
     top12 take the same code path as top8 with other layer rules; they run with QFOLD_FULL=1 (~2 min each)."""
-    source = resolve_source(DEFAULT_PRESET, STRUCTURE_OVERRIDES)
-    plan = parse_spec(preset, 30)
+    source = resolve_source(DEFAULT_PRESET, (*STRUCTURE_OVERRIDES, f"num_hidden_layers={COMPRESSED_LAYERS}"))
+    plan = parse_spec(preset, COMPRESSED_LAYERS)
     (m,) = _materialised(source, "qfold", 256, tmp_path, [plan])
     (a,) = _analysis(source, "qfold", 256, tmp_path, [plan])
     assert_same_analysis(a, m, names=False)
     assert compression_report(a) == compression_report(m)
     renamed = {x.name for x, y in zip(a.ops, m.ops, strict=True) if x.name != y.name}
     assert {op.type for op in a.ops if op.name in renamed} <= {"read_state", "greater_equal", "add", "select", "const"}
-    assert len(renamed) <= 2 * 30 + 6
+    assert len(renamed) <= 2 * COMPRESSED_LAYERS + 6
     assert not any(r.is_const and r.stored_bytes > 1024 for op in a.ops if op.name in renamed for r in op.inputs)
-    assert compression_report(a).compressed_count == 30 * 7 + 2  # every projection, embedding, lm_head
+    assert compression_report(a).compressed_count == COMPRESSED_LAYERS * 7 + 2  # every projection, embedding, lm_head
 
 
 # ------------------------------------------------------------------------------------------------- build child
-@pytest.fixture(scope="module")
-def analysis_structure_builds(builds_root):
-    source = resolve_source(DEFAULT_PRESET, STRUCTURE_OVERRIDES)
-    specs = [BuildSpec(source, v, "state", 4096, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold")]
-    return {s.variant: r.path for s, r in zip(specs, run_builds(specs, builds_root), strict=True)}
+IDENTITY_OVERRIDES = (*STRUCTURE_OVERRIDES, "num_hidden_layers=4")  # the structure config's layer, 4 times
 
 
-def test_structure_ab_in_one_process_equals_the_materialised_builds(analysis_structure_builds, structure_builds):
-    keys = [p.name for p in analysis_structure_builds.values()]
-    for variant, path in analysis_structure_builds.items():
-        a, m = read_analysis_file(path), read_analysis_file(structure_builds[variant])
+def test_structure_ab_in_one_process_equals_the_materialised_builds(builds_root):
+    """The structure config (attention geometry, ctx 4096) at 4 layers: the analysis-mode A/B, both variants
+    converted by one build child, equals the materialised builds op for op. Its 30 layers repeat this layer; the
+    suite's 30-layer structure builds (conftest) are analysis-mode builds, which test_structure and test_shipped
+    hold to the write-up's figures and the shipped full-size analyses."""
+    source = resolve_source(DEFAULT_PRESET, IDENTITY_OVERRIDES)
+    specs = {mode: [BuildSpec(source, v, "state", 4096, build_mode=mode) for v in ("repeat_kv", "qfold")]
+             for mode in (ANALYSIS_MODE, "materialised")}
+    built = {mode: {s.variant: r.path for s, r in zip(group, run_builds(group, builds_root), strict=True)}
+             for mode, group in specs.items()}
+    keys = [s.key for s in specs[ANALYSIS_MODE]]
+    for variant, path in built[ANALYSIS_MODE].items():
+        a, m = read_analysis_file(path), read_analysis_file(built["materialised"][variant])
         assert_same_analysis(a.program, m.program)
         assert a.summary == m.summary and a.bytes_per_token == m.bytes_per_token
+        assert a.summary.tile_count == (8 if variant == "repeat_kv" else 0)
         assert a.build.build_mode == ANALYSIS_MODE and m.build.build_mode == "materialised"
         assert a.build.extra["built_together"] == keys  # both variants converted by one child
         assert not (path / PACKAGE_NAME).exists() and a.build.package_bytes is None
         assert a.program.path == "" and a.build.spec.to_json()["build_mode"] == ANALYSIS_MODE
 
 
-def test_equivalence_is_checked_on_a_reduced_materialised_model_and_says_so(analysis_structure_builds):
-    b = read_analysis_file(analysis_structure_builds["qfold"]).build
+def test_equivalence_is_checked_on_a_reduced_materialised_model_and_says_so(structure_builds):
+    b = read_analysis_file(structure_builds["qfold"]).build
     torch_check = b.check("torch_variants")
     assert torch_check.checked and torch_check.bit_identical and not torch_check.covers_package_weights
     assert "reduced model" in torch_check.weights and "num_hidden_layers=2" in torch_check.weights
