@@ -268,6 +268,9 @@ def test_an_fp32_build_keeps_its_kv_state_in_fp32(coreai_builds, builds_root):
     assert reads and not [op for op in ops if op.type == "coreai.cast" and
                           any(i.producer in reads for i in op.inputs)]
     assert fp32.bytes_per_token.kv_read == 2 * fp16.bytes_per_token.kv_read > 0
+    cost = {w: estimate(load_config(src), TINY_CTX, "materialised", "coreai", w).kv_state_bytes
+            for w in ("fp16", "fp32")}
+    assert cost["fp16"] == sum(t.nbytes for t in fp16.program.states) and cost["fp32"] == 2 * cost["fp16"]
 
 
 def test_input_mode_and_prefill_builds_match_core_ml(builds_root):

@@ -257,6 +257,22 @@ def test_matching_pair_prefers_the_twin_of_the_same_build_mode():
     assert matching_pair(cand, [analysis, cand]) == (analysis, cand)  # no twin of its mode: the other one
 
 
+def test_matching_pair_prefers_a_decode_build_to_a_decode_prefill_builds_decode_function():
+    """A decode+prefill build's decode function shares a decode build's A/B fields; a decode Q-fold build pairs
+    with the decode repeat_kv build wherever the two sit in the list (CI found the decode function taken), and a
+    decode+prefill function with its own kind."""
+    cand = _ref("build", "m", "qfold", key="m-q")
+    decode = _ref("build", "m", "repeat_kv", key="m-r")
+    both = _ref("build", "m", "repeat_kv", key="m-r-dp")
+    both = AnalysisRef(both.id + "#decode", both.kind, both.label, both.path, both.variant, spec=both.spec,
+                       facts=replace(both.facts, phase="decode+prefill: decode", q_len=64))
+    assert matching_pair(cand, [both, decode, cand]) == (decode, cand)
+    assert matching_pair(cand, [both, cand]) == (both, cand)  # no decode build: the decode function
+    cand_both = AnalysisRef(cand.id + "-dp#decode", cand.kind, cand.label, cand.path, cand.variant, spec=cand.spec,
+                            facts=replace(cand.facts, phase="decode+prefill: decode", q_len=64))
+    assert matching_pair(cand_both, [decode, both, cand_both]) == (both, cand_both)
+
+
 # ---------------------------------------------------------------------------------------------- bandwidth
 def test_bandwidth_setting_round_trips_and_refuses_bad_text():
     profiles = load_profiles()

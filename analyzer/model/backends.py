@@ -44,6 +44,14 @@ COREAI_ONLY_VARIANTS = {"sdpa_gqa": "coremltools 9.0 ignores scaled_dot_product_
 COREAI_PACKAGES = ("coreai-core", "coreai-torch")
 
 
+def kv_dtype(backend: str, weights: str) -> str:
+    """The KV cache's dtype: fp16, except a Core AI build with fp32 weights, whose cache is fp32 like the rest of
+    its model. A Core ML state must be fp16 (coremltools' ``StateType``), so a Core ML build keeps an fp16 cache and
+    its fp32 steps cast it on every read; Core AI states take fp32, and an fp16 cache there only adds two casts of
+    the whole cache per layer and step (measured: ~15 ms of a 100 ms step at ctx 2048, bench/coreai.py)."""
+    return "fp32" if backend != COREML and weights == "fp32" else "fp16"
+
+
 def check_backend(spec: Any, analysis: bool) -> None:
     """Refuse what ``spec``'s backend cannot build, naming the options and the reason (``spec``: a BuildSpec whose
     backend and weights are known values; ``analysis``: it is an analysis-mode build)."""

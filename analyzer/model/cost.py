@@ -9,7 +9,8 @@ untied; norm scales and biases, < 0.1%, are left out). Memory, from measurements
 * per parameter, by build mode: a materialised build (fp32 torch weights, the traced copy and coremltools' fp16
   consts at once) of the full-size EXAONE 4.0 1.2B (1.28·10^9 parameters) peaked at 14.7 GB:
   (14.7 − 0.6) GB / 1.28·10^9 ≈ 11 bytes per parameter.
-* the fp16 KV state ``2 × layers × Hkv × ctx × D × 2`` bytes: the structure build (30 layers, ctx 4096, 251 MB of
+* the KV state ``2 × layers × Hkv × ctx × D × 2`` bytes (4 bytes an element for a Core AI build of fp32 weights,
+  whose cache is fp32: ``backends.kv_dtype``): the structure build (30 layers, ctx 4096, 251 MB of
   KV, ~52·10^6 parameters) peaked at ≈ 1 GB, so one copy is live at the peak.
 
 * an analysis-mode build (value-free weights: zero pages and zero-stride views, analyzer.convert.header_blobs) holds
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 import psutil
 
 from analyzer.errors import SourceError
-from analyzer.model.backends import COREAI, COREML, DEFAULT_WEIGHTS
+from analyzer.model.backends import COREAI, COREML, DEFAULT_WEIGHTS, kv_dtype
 from analyzer.model.sources import AttentionGeometry, geometry_of
 from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE
 
@@ -112,8 +113,8 @@ def count_params(g: AttentionGeometry, intermediate_size: int, tied_embeddings: 
     return embed + g.num_layers * (attn + mlp)
 
 
-def kv_state_bytes(g: AttentionGeometry, ctx: int) -> int:
-    return 2 * g.num_layers * g.num_kv_heads * ctx * g.head_dim * 2
+def kv_state_bytes(g: AttentionGeometry, ctx: int, element_bytes: int = 2) -> int:
+    return 2 * g.num_layers * g.num_kv_heads * ctx * g.head_dim * element_bytes
 
 
 def memory_limit_bytes() -> int:
@@ -139,7 +140,7 @@ def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COR
     g = geometry_of(config)
     intermediate = int(getattr(config, "intermediate_size", 0) or 4 * g.hidden_size)
     params = count_params(g, intermediate, bool(getattr(config, "tie_word_embeddings", False)))
-    kv = kv_state_bytes(g, ctx)
+    kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)] if weights in WEIGHT_BYTES else 2)
     known = mode if mode in BYTES_PER_PARAM_BY_MODE else MATERIALISED_MODE  # unknown: over-reserve
     if backend == COREAI and known == MATERIALISED_MODE:
         w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params

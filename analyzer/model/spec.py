@@ -17,7 +17,15 @@ from typing import Any
 import analyzer
 from analyzer.errors import AnalysisFileError, QfoldError, SourceError
 from analyzer.jsonfields import Field
-from analyzer.model.backends import BACKENDS, COREML, DEFAULT_WEIGHTS, WEIGHT_DTYPES, check_backend, coreai_versions
+from analyzer.model.backends import (
+    BACKENDS,
+    COREML,
+    DEFAULT_WEIGHTS,
+    WEIGHT_DTYPES,
+    check_backend,
+    coreai_versions,
+    kv_dtype,
+)
 from analyzer.model.compress_spec import preset_of
 from analyzer.model.sources import ModelSource, WeightFile
 from analyzer.model.variants import KV_MODES, VARIANTS
@@ -127,11 +135,8 @@ class BuildSpec:
 
     @property
     def kv_dtype(self) -> str:
-        """The KV cache's dtype: fp16, except a Core AI build with fp32 weights, whose cache is fp32 like the
-        rest of its model. A Core ML state must be fp16 (coremltools' ``StateType``), so a Core ML build keeps an
-        fp16 cache and its fp32 steps cast it on every read; Core AI states take fp32, and an fp16 cache there only
-        adds two casts of the whole cache per layer and step (measured: 15 ms of a 100 ms step at ctx 2048)."""
-        return "fp32" if self.backend != COREML and self.weights == "fp32" else "fp16"
+        """The KV cache's dtype (``analyzer.model.backends.kv_dtype``: fp32 for a Core AI build of fp32 weights)."""
+        return kv_dtype(self.backend, self.weights)
 
     # -------------------------------------------------------------------------------------------- the key
     def fingerprint(self) -> dict[str, Any]:

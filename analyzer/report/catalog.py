@@ -368,9 +368,11 @@ def matching_pair(ref: AnalysisRef, refs: Sequence[AnalysisRef]) -> tuple[Analys
     twins = [r for r in refs if r.variant == others[ref.variant] and r.kind == ref.kind and r.spec == ref.spec]
     if not twins:
         return None
-    # analysis and materialised builds of one spec give one analysis; the twin of the same mode comes first
-    mode = ref.facts.build_mode if ref.facts else None
-    twin = next((r for r in twins if r.facts and r.facts.build_mode == mode), twins[0])
+    # a decode build and a decode+prefill build's decode function share the A/B's fields, as analysis and
+    # materialised builds of one spec do: the first twin of the same kind of build wins, then of the same mode
+    f = ref.facts
+    twin = max(twins, key=lambda r: (bool(r.facts and f and r.facts.phase == f.phase),
+                                     bool(r.facts and f and r.facts.build_mode == f.build_mode)))
     return (ref, twin) if ref.variant == BASELINE_VARIANT else (twin, ref)
 
 
