@@ -140,7 +140,7 @@ def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COR
     g = geometry_of(config)
     intermediate = int(getattr(config, "intermediate_size", 0) or 4 * g.hidden_size)
     params = count_params(g, intermediate, bool(getattr(config, "tie_word_embeddings", False)))
-    kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)] if weights in WEIGHT_BYTES else 2)
+    kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])  # kv_dtype is fp16 or fp32, always
     known = mode if mode in BYTES_PER_PARAM_BY_MODE else MATERIALISED_MODE  # unknown: over-reserve
     if backend == COREAI and known == MATERIALISED_MODE:
         w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
