@@ -83,8 +83,9 @@ def test_run_inputs_of_original_and_folded_agree(shipped_styles, style, tmp_path
     assert all(delta[k] <= RELATIVE_TOLERANCE * max(scale[k], 1e-6) for k in a.files), delta
     if style in BIT_IDENTICAL:
         assert all(d == 0.0 for d in delta.values()), delta
-    else:  # measured: 4.9e-4 on the output (max |value| 5.6), 1.2e-4 on the cache (max 7.0): one fp16 rounding
-        assert 0 < max(delta.values()) <= 1e-3, delta
+    else:  # measured: 4.9e-4 on the output (max |value| 5.6), 1.2e-4 on the cache (max 7.0): one fp16 rounding;
+        # 0 on another machine (the BLAS's summation order for the 64-row matmuls differs between machines)
+        assert max(delta.values()) <= 1e-3, delta
 
 
 @pytest.mark.parametrize("style", list(STYLES))
