@@ -17,6 +17,8 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 app: $(STAMP)
 	$(VENV)/bin/streamlit run app.py
 
+# Tests: one worker per core; tests sharing a module or per-process fixture stay on one worker and the conversion
+# and browser tests go first (tests/conftest.py, _schedule).
 # Debian's packages install while pip installs the venv (apt and pip share nothing): on a fresh machine the two
 # waits overlap instead of adding up.
 test:
@@ -24,7 +26,7 @@ test:
 	$(MAKE) --no-print-directory $(STAMP); venv=$$?; \
 	wait $$system; apt=$$?; [ $$venv -eq 0 ] && [ $$apt -eq 0 ]
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n auto
+	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

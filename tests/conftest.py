@@ -27,14 +27,49 @@ TINY_CTX = 256
 FULL_ENV = "QFOLD_FULL"
 
 
+# Session fixtures every xdist worker shares through the builds folder (a second worker waits on the key lock and
+# reuses the build): no need to keep their tests on one worker.
+SHARED_ON_DISK = frozenset({"builds_root", "tiny_builds", "tiny_phase_builds", "structure_builds", "coreai_builds"})
+HEAVY_MARKS = ("conversion", "browser")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``full``-marked tests unless QFOLD_FULL=1 (they need ~15 GB and minutes per conversion)."""
-    if os.environ.get(FULL_ENV) == "1":
-        return
-    skip = pytest.mark.skip(reason=f"full-size conversions (~15 GB each): set {FULL_ENV}=1 to run")
+    """Skip ``full``-marked tests unless QFOLD_FULL=1 (they need ~15 GB and minutes per conversion); group and order
+    the rest for ``-n auto --dist loadgroup`` (:func:`_schedule`)."""
+    if os.environ.get(FULL_ENV) != "1":
+        skip = pytest.mark.skip(reason=f"full-size conversions (~15 GB each): set {FULL_ENV}=1 to run")
+        for item in items:
+            if item.get_closest_marker("full") is not None:
+                item.add_marker(skip)
+    _schedule(items)
+
+
+def _schedule(items: list[pytest.Item]) -> None:
+    """Every xdist worker computes a module or session fixture for itself, so tests that share one are kept on one
+    worker (an ``xdist_group``: one group per module with a module fixture, merged across modules that share a
+    per-process session fixture), and the conversion and browser tests go first, so that the light tests fill the
+    end of the run instead of one worker finishing a long conversion alone."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    grouped: dict[pytest.Item, str] = {}
     for item in items:
-        if item.get_closest_marker("full") is not None:
-            item.add_marker(skip)
+        info = getattr(item, "_fixtureinfo", None)
+        defs = [d[-1] for d in (info.name2fixturedefs.values() if info else ()) if d]
+        ours = [d for d in defs if getattr(d.func, "__module__", "").startswith("tests")]
+        module = item.nodeid.split("::")[0]
+        shared = [d.argname for d in ours if d.scope == "session" and d.argname not in SHARED_ON_DISK]
+        if shared or any(d.scope in ("module", "class", "package") for d in ours):
+            grouped[item] = module
+            for name in shared:
+                parent[root("fixture:" + name)] = root(module)
+    for item, module in grouped.items():
+        item.add_marker(pytest.mark.xdist_group(root(module).replace("/", "_")))
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in HEAVY_MARKS))  # stable
 
 
 @pytest.fixture(scope="session")

@@ -341,7 +341,8 @@ def test_zip_leaves_symlinks_out(tmp_path):
         assert zf.namelist() == ["x.mlpackage/Manifest.json"]
     assert report.package_size_bytes(pkg) == 2
     # the command the Export page gives for a large package leaves them out too (python -m zipfile followed them)
-    command = report.zip_command(pkg, "x.mlpackage.zip").replace(" /tmp/x.mlpackage.zip", f" {tmp_path}/x.mlpackage.zip")
+    zip_name = "x.mlpackage.zip"
+    command = report.zip_command(pkg, zip_name).replace(f" /tmp/{zip_name}", f" {tmp_path}/{zip_name}")
     done = subprocess.run(command, shell=True, capture_output=True, text=True, cwd="/")
     assert done.returncode == 0, done.stderr
     with zipfile.ZipFile(tmp_path / "x.mlpackage.zip") as zf:
