@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,3 +166,25 @@ def test_kill_9_at_every_stage_leaves_nothing_listed_and_the_next_build_works(tm
     result = run_build(spec, tmp_path)
     assert not result.reused and [a.build.key for a in list_builds(tmp_path)] == [spec.key]
     assert not list(tmp_path.glob(".tmp-*"))  # ...swept by the next build, which holds the key's lock
+
+
+def test_listing_parses_an_analysis_again_only_when_it_changed(tiny_builds, tmp_path):
+    """The dashboard lists the builds folder on every rerun: an unchanged analysis.json is not parsed again (the
+    same record comes back), a rewritten one is, and a removed build leaves the listing."""
+    root = tmp_path / "builds"
+    for path in tiny_builds.values():
+        shutil.copytree(path, root / path.name, ignore=shutil.ignore_patterns("*.mlpackage"))
+    first = {a.build.key: a for a in list_builds(root)}
+    assert set(first) == {p.name for p in tiny_builds.values()}
+    assert all(a is first[a.build.key] for a in list_builds(root))
+    qfold, repeat_kv = tiny_builds["qfold"].name, tiny_builds["repeat_kv"].name
+    f = root / qfold / "analysis.json"
+    doc = json.loads(f.read_text())
+    doc["created"] = "2099-01-01T00:00:00+00:00"
+    (root / qfold / "new.json").write_text(json.dumps(doc))
+    (root / qfold / "new.json").replace(f)  # as every writer does: a new file renamed into place
+    rewritten = {a.build.key: a for a in list_builds(root)}
+    assert rewritten[qfold].build.created == "2099-01-01T00:00:00+00:00" and rewritten[qfold] is not first[qfold]
+    assert rewritten[repeat_kv] is first[repeat_kv]
+    shutil.rmtree(root / repeat_kv)
+    assert [a.build.key for a in list_builds(root)] == [qfold]
