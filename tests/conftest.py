@@ -131,6 +131,39 @@ def shipped_styles(tmp_path_factory) -> dict[str, tuple]:
     return out
 
 
+# Every preset's 2-layer version, as test_families, test_interpret_presets and test_fold_presets convert it: the
+# preset's own hidden size and attention geometry (query heads, KV heads, head dim), a small MLP and vocabulary.
+PRESET_SHRINK = ("num_hidden_layers=2", "intermediate_size=256", "vocab_size=512")
+PRESET_SEED = 3
+PRESET_CTX = 128
+
+
+@pytest.fixture(scope="session")
+def preset_packages(tmp_path_factory):
+    """``package(preset, variant, kv_mode="state") → .mlpackage``: the preset's 2-layer version (PRESET_SHRINK,
+    seed 3) converted in-process at ctx 128, once per session and shared by the three modules (conftest's
+    ``_schedule`` keeps their tests on one worker)."""
+    from analyzer.convert.step import convert_step
+    from analyzer.model.decode import DecodeStep, build_model
+
+    root = tmp_path_factory.mktemp("preset-packages")
+    made: dict[tuple[str, str, str], Path] = {}
+    last: dict[str, object] = {}  # the last preset's torch model (a model per preset would hold ~1 GB)
+
+    def package(preset: str, variant: str, kv_mode: str = "state") -> Path:
+        key = (preset, variant, kv_mode)
+        if key not in made:
+            if preset not in last:
+                last.clear()
+                last[preset] = build_model(resolve_source(preset, PRESET_SHRINK, seed=PRESET_SEED))
+            path = root / f"{preset}-{variant}-{kv_mode}.mlpackage"
+            convert_step(DecodeStep(last[preset], PRESET_CTX, variant, kv_mode).eval()).save(str(path))
+            made[key] = path
+        return made[key]
+
+    return package
+
+
 COREAI_VARIANTS = ("repeat_kv", "qfold", "sdpa_gqa")
 
 

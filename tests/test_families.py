@@ -11,15 +11,16 @@ from analyzer.graph.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.equivalence import check_equivalence
 from analyzer.model.sources import geometry_of, load_config, resolve_source
+from tests.conftest import PRESET_CTX, PRESET_SEED, PRESET_SHRINK
 
 # Two layers, small MLP and vocab; hidden size and head geometry stay the preset's own.
-SHRINK = ["num_hidden_layers=2", "intermediate_size=256", "vocab_size=512"]
+SHRINK = list(PRESET_SHRINK)
 GQA = ["exaone-4.0-1.2b", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b-v0.3", "gemma-3-1b"]
-CTX = 128
+CTX = PRESET_CTX
 
 
 def _model(preset, extra=()):
-    src = resolve_source(preset, [*SHRINK, *extra], seed=3)
+    src = resolve_source(preset, [*SHRINK, *extra], seed=PRESET_SEED)
     return build_model(src)
 
 
@@ -54,14 +55,11 @@ def test_query_heads_not_contiguous_per_group_are_detected(monkeypatch):
 
 @pytest.mark.conversion
 @pytest.mark.parametrize("preset", [*GQA, "phi-3-mini-4k"])
-def test_tiles_are_two_per_layer_of_hq_ctx_d_fp16(preset, tmp_path):
-    model = _model(preset)
-    g = geometry_of(model.config)
+def test_tiles_are_two_per_layer_of_hq_ctx_d_fp16(preset, preset_packages):
+    g = geometry_of(load_config(resolve_source(preset, SHRINK, seed=PRESET_SEED)))
     counts = {}
     for variant in ("repeat_kv", "qfold"):
-        path = tmp_path / f"{variant}.mlpackage"
-        convert_step(DecodeStep(model, CTX, variant, "state").eval()).save(str(path))
-        program = read_program(path)
+        program = read_program(preset_packages(preset, variant))
         tiles = program.tiles()
         counts[variant] = len(tiles)
         if variant == "repeat_kv" and g.group_size > 1:

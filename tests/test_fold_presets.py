@@ -1,7 +1,8 @@
-"""Done-when of issue #9 on real conversions: for every GQA/MQA preset (2 layers, small hidden/MLP/vocab, the
-preset's own heads, KV heads and head dim), the ``repeat_kv+fold`` route (repeat_kv build + the pass) has zero
-``kv_replication`` tiles, the same bytes per token as the qfold build of the same spec, identical stored weights,
-and the MIL interpreter gives the same outputs and final states as the original over 4 decode steps.
+"""Done-when of issue #9 on real conversions: for every GQA/MQA preset (2 layers, small MLP and vocab, the
+preset's own hidden size, heads, KV heads and head dim: the session's ``preset_packages``), the ``repeat_kv+fold``
+route (repeat_kv build + the pass) has zero ``kv_replication`` tiles, the same bytes per token as the qfold build of
+the same spec, identical stored weights, and the MIL interpreter gives the same outputs and final states as the
+original over 4 decode steps.
 
 Tolerance: max |Δ| ≤ 1e-2 × max |output| (the issue's bound). In practice the fold is bit-identical in the
 interpreter: every output row is computed by the same dot products in the same order, only regrouped.
@@ -13,7 +14,6 @@ import json
 
 import pytest
 
-from analyzer.convert.child import convert_step
 from analyzer.convert.fold import build_folded, fold_cached
 from analyzer.convert.fold_cache import FOLD_FILE
 from analyzer.graph.accounting import account
@@ -21,42 +21,25 @@ from analyzer.graph.mil_reader import read_program
 from analyzer.graph.passes.package import fold_package
 from analyzer.graph.passes.proof import prove_fold
 from analyzer.graph.record import load_analysis
-from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
 from analyzer.model.spec import FOLD_VARIANT, BuildSpec
-from tests.conftest import TINY_CTX, TINY_OVERRIDES
+from tests.conftest import PRESET_SHRINK, TINY_CTX, TINY_OVERRIDES
 
 PRESETS = ["exaone-4.0-1.2b", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b-v0.3", "gemma-3-1b"]
 CASES = [(p, "state") for p in PRESETS] + [("exaone-4.0-1.2b", "input")]
-CTX = 64
-SMALL = ("num_hidden_layers=2", "intermediate_size=256", "vocab_size=512")
-
-
-def small_source(preset: str):
-    """2 layers, small MLP and vocab; hidden 256 where the config pins head_dim (else the preset's hidden size,
-    which sets head_dim = hidden / heads), so heads, KV heads and head dim stay the preset's."""
-    config = load_config(resolve_source(preset))
-    pinned = getattr(config, "head_dim", None) is not None and "head_dim" in config.to_dict()
-    return resolve_source(preset, [*SMALL, *(["hidden_size=256"] if pinned else [])], seed=5)
 
 
 @pytest.fixture(scope="module")
-def conversions(tmp_path_factory):
-    """Per (preset, kv mode): repeat_kv and qfold packages converted in-process, and the fold of repeat_kv with
-    its report and interpreter proof (4 decode steps)."""
+def conversions(preset_packages, tmp_path_factory):
+    """Per (preset, kv mode): the session's repeat_kv and qfold packages (conftest ``preset_packages``), and the
+    fold of repeat_kv with its report and interpreter proof (4 decode steps)."""
     out = {}
     for preset, kv in CASES:
-        root = tmp_path_factory.mktemp(f"{preset}-{kv}")
-        source = small_source(preset)
-        model = build_model(source)
-        paths = {}
-        for variant in ("repeat_kv", "qfold"):
-            paths[variant] = root / f"{variant}.mlpackage"
-            convert_step(DecodeStep(model, CTX, variant, kv).eval()).save(str(paths[variant]))
-        paths["folded"] = root / "folded.mlpackage"
+        paths = {v: preset_packages(preset, v, kv) for v in ("repeat_kv", "qfold")}
+        paths["folded"] = tmp_path_factory.mktemp(f"{preset}-{kv}") / "folded.mlpackage"
         report = fold_package(paths["repeat_kv"], paths["folded"])
         proof = prove_fold(paths["repeat_kv"], paths["folded"], steps=4)
-        out[(preset, kv)] = (paths, report, proof, geometry_of(model.config))
+        out[(preset, kv)] = (paths, report, proof, geometry_of(load_config(resolve_source(preset, PRESET_SHRINK))))
     return out
 
 

@@ -16,16 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from analyzer.convert.child import convert_step
 from analyzer.graph.interpret import decode_steps, infer_roles, load_interpreter
 from analyzer.graph.interpret.roles import InputRoles
 from analyzer.model.decode import DecodeStep, build_model, run_decode
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
-from tests.conftest import TINY_CTX, TINY_OVERRIDES
+from tests.conftest import PRESET_CTX, PRESET_SEED, TINY_CTX, TINY_OVERRIDES
 from tests.test_families import GQA, SHRINK
 
 PRESETS = [*GQA, "phi-3-mini-4k"]
-CTX, STEPS, VOCAB = 128, 5, 512  # VOCAB: SHRINK's vocab_size
+CTX, STEPS, VOCAB = PRESET_CTX, 5, 512  # VOCAB: SHRINK's vocab_size
 REL_TOL = 1e-2
 
 
@@ -42,18 +41,18 @@ def _rel_diff(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
 
 
-def _converted(tmp_path_factory, preset: str, kv_mode: str):
-    source = resolve_source(preset, SHRINK, seed=3)
-    path = tmp_path_factory.mktemp(f"interp-{preset}") / f"{kv_mode}.mlpackage"
-    convert_step(DecodeStep(build_model(source), CTX, "repeat_kv", kv_mode).eval()).save(str(path))
+def _converted(preset_packages, preset: str, kv_mode: str):
+    """The session's repeat_kv package of the preset (conftest ``preset_packages``), tokens and torch's logits."""
+    source = resolve_source(preset, SHRINK, seed=PRESET_SEED)
+    path = preset_packages(preset, "repeat_kv", kv_mode)
     tokens = np.random.default_rng(11).integers(0, VOCAB, STEPS).tolist()
     return path, tokens, _torch_fp16(source, kv_mode, "repeat_kv", CTX, tokens)
 
 
 @pytest.fixture(scope="module", params=PRESETS)
-def preset_build(request, tmp_path_factory):
+def preset_build(request, preset_packages):
     """One conversion per preset (KV as state), shared by the tests below."""
-    return request.param, *_converted(tmp_path_factory, request.param, "state")
+    return request.param, *_converted(preset_packages, request.param, "state")
 
 
 @pytest.mark.conversion
@@ -80,10 +79,10 @@ def test_a_wrong_mask_is_caught(preset_build):
 
 
 @pytest.mark.conversion
-def test_kv_as_inputs_is_driven_through_the_host_cache(tmp_path_factory):
+def test_kv_as_inputs_is_driven_through_the_host_cache(preset_packages):
     """KV as inputs: the driver writes ``new_k[i]`` / ``new_v[i]`` into ``k_cache_i`` / ``v_cache_i`` at each
     position, as the torch decode's host does."""
-    path, tokens, reference = _converted(tmp_path_factory, "qwen3-0.6b", "input")
+    path, tokens, reference = _converted(preset_packages, "qwen3-0.6b", "input")
     interp = load_interpreter(path)
     roles = infer_roles(interp)
     assert roles is not None and not roles.mask_includes_current and len(roles.kv_inputs) == 4
