@@ -33,6 +33,7 @@ SHARED_ON_DISK = frozenset({"builds_root", "tiny_builds", "tiny_phase_builds", "
 HEAVY_MARKS = ("conversion", "browser")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns xdist_group marks into the scheduler's groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``full``-marked tests unless QFOLD_FULL=1 (they need ~15 GB and minutes per conversion); group and order
     the rest for ``-n auto --dist loadgroup`` (:func:`_schedule`)."""
