@@ -17,8 +17,8 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 app: $(STAMP)
 	$(VENV)/bin/streamlit run app.py
 
-# Tests: one worker per core; tests sharing a module or per-process fixture stay on one worker and the conversion
-# and browser tests go first (tests/conftest.py, _schedule).
+# Tests: one worker per core, a test file's tests on one worker (its module fixtures made once), the files with
+# conversion or browser tests first (tests/conftest.py).
 # Debian's packages install while pip installs the venv (apt and pip share nothing): on a fresh machine the two
 # waits overlap instead of adding up.
 test:
@@ -26,7 +26,7 @@ test:
 	$(MAKE) --no-print-directory $(STAMP); venv=$$?; \
 	wait $$system; apt=$$?; [ $$venv -eq 0 ] && [ $$apt -eq 0 ]
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

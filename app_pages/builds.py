@@ -18,6 +18,7 @@ from analyzer.convert.jobs import BuildJob, JobSnapshot
 from analyzer.convert.launch import LOG_FILE, is_complete, unreadable_builds
 from analyzer.errors import QfoldError
 from analyzer.fsio import path_under_roots
+from analyzer.graph.record import load_analysis
 from analyzer.model.backends import (
     BACKENDS,
     COREAI,
@@ -276,6 +277,29 @@ if not active:
 
 
 # ---------------------------------------------------------------------------------------------- cached builds
+def _stamp(folder: Path) -> int:
+    try:
+        return folder.stat().st_mtime_ns  # a rewritten analysis is renamed into its folder, which changes this
+    except OSError:
+        return 0
+
+
+# One small row per build function, kept until its folder changes: through analyses.load (16 analyses kept), a folder
+# of more builds than that parsed every analysis again on each rerun (34 builds: ~2 s per click).
+@st.cache_data(show_spinner=False, max_entries=1024)
+def _build_row(path: str, function: str | None, stamp: int, label: str) -> dict:
+    a = load_analysis(path, function)
+    return {
+        "build": describe_spec(a.build.spec, a.function) if a.build else label,
+        "function": function or "",
+        "tile ops": a.summary.tile_count,
+        "tile output": fmt.size(a.summary.tile_output_bytes, "auto", None),
+        "bytes per call": fmt.size(a.bytes_per_token.total, "auto", None),  # a decode call is one token
+        "GFLOP per token": a.flops.per_token().total / 1e9,
+        "ops": a.summary.total_ops,
+    }
+
+
 st.subheader("Cached builds")
 built = [r for r in analyses.analysis_refs() if r.kind == "build"]  # one per function of a multi-function build
 for folder, reason in unreadable_builds(root):  # listed, never fatal: the other builds work as usual
@@ -283,20 +307,8 @@ for folder, reason in unreadable_builds(root):  # listed, never fatal: the other
 if not built:
     st.caption(f"No finished builds in {fmt.md(root)} yet.")
 else:
-    rows = []
-    for r in built:
-        a = analyses.load(r)
-        rows.append({
-            "build": describe_spec(a.build.spec, a.function) if a.build else r.label,
-            "function": r.function or "",
-            "tile ops": a.summary.tile_count,
-            "tile output": fmt.size(a.summary.tile_output_bytes, "auto", None),
-            "bytes per call": fmt.size(a.bytes_per_token.total, "auto", None),  # a decode call is one token
-            "GFLOP per token": a.flops.per_token().total / 1e9,
-            "ops": a.summary.total_ops,
-            "created": r.created,
-            "key": r.id.removeprefix("build:"),
-        })
+    rows = [{**_build_row(str(r.path), r.function, _stamp(r.path), r.label), "created": r.created,
+             "key": r.id.removeprefix("build:")} for r in built]
     widgets.show_table(pd.DataFrame(rows))
     refs = analyses.analysis_refs()
     by_id = analyses.refs_by_id(refs)

@@ -27,50 +27,23 @@ TINY_CTX = 256
 FULL_ENV = "QFOLD_FULL"
 
 
-# Session fixtures every xdist worker shares through the builds folder (a second worker waits on the key lock and
-# reuses the build): no need to keep their tests on one worker.
-SHARED_ON_DISK = frozenset({"builds_root", "tiny_builds", "tiny_phase_builds", "structure_builds", "coreai_builds"})
 HEAVY_MARKS = ("conversion", "browser")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns xdist_group marks into the scheduler's groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``full``-marked tests unless QFOLD_FULL=1 (they need ~15 GB and minutes per conversion); group and order
-    the rest for ``-n auto --dist loadgroup`` (:func:`_schedule`)."""
+    """Skip ``full``-marked tests unless QFOLD_FULL=1 (they need ~15 GB and minutes per conversion). Then the
+    files with conversion or browser tests go first. ``make test`` runs ``-n auto --dist loadfile
+    --no-loadscope-reorder``: a test file's tests on one worker (each module fixture made once), files in this
+    order, so the light files fill the end of the run instead of one worker finishing a long conversion alone.
+    (``--dist loadgroup`` cannot group here: pytest 9 ignores the node id xdist 3.8 rewrites for it.)"""
     if os.environ.get(FULL_ENV) != "1":
         skip = pytest.mark.skip(reason=f"full-size conversions (~15 GB each): set {FULL_ENV}=1 to run")
         for item in items:
             if item.get_closest_marker("full") is not None:
                 item.add_marker(skip)
-    _schedule(items)
-
-
-def _schedule(items: list[pytest.Item]) -> None:
-    """Every xdist worker computes a module or session fixture for itself, so tests that share one are kept on one
-    worker (an ``xdist_group``: one group per module with a module fixture, merged across modules that share a
-    per-process session fixture), and the conversion and browser tests go first, so that the light tests fill the
-    end of the run instead of one worker finishing a long conversion alone."""
-    parent: dict[str, str] = {}
-
-    def root(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            x = parent[x]
-        return x
-
-    grouped: dict[pytest.Item, str] = {}
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = [d[-1] for d in (info.name2fixturedefs.values() if info else ()) if d]
-        ours = [d for d in defs if getattr(d.func, "__module__", "").startswith("tests")]
-        module = item.nodeid.split("::")[0]
-        shared = [d.argname for d in ours if d.scope == "session" and d.argname not in SHARED_ON_DISK]
-        if shared or any(d.scope in ("module", "class", "package") for d in ours):
-            grouped[item] = module
-            for name in shared:
-                parent[root("fixture:" + name)] = root(module)
-    for item, module in grouped.items():
-        item.add_marker(pytest.mark.xdist_group(root(module).replace("/", "_")))
-    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in HEAVY_MARKS))  # stable
+    heavy = {item.path for item in items if any(item.get_closest_marker(m) for m in HEAVY_MARKS)}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: a file's tests stay together and in order
 
 
 @pytest.fixture(scope="session")
@@ -140,27 +113,30 @@ PRESET_CTX = 128
 
 
 @pytest.fixture(scope="session")
-def preset_packages(tmp_path_factory):
+def preset_packages(builds_root):
     """``package(preset, variant, kv_mode="state") → .mlpackage``: the preset's 2-layer version (PRESET_SHRINK,
-    seed 3) converted in-process at ctx 128, once per session and shared by the three modules (conftest's
-    ``_schedule`` keeps their tests on one worker)."""
+    seed 3) converted in-process at ctx 128, once per run: kept beside the shared builds folder under a lock per
+    package, so the three modules reuse one conversion whichever worker runs them."""
+    from filelock import FileLock
+
     from analyzer.convert.step import convert_step
     from analyzer.model.decode import DecodeStep, build_model
 
-    root = tmp_path_factory.mktemp("preset-packages")
-    made: dict[tuple[str, str, str], Path] = {}
+    root = builds_root.parent / "preset-packages"
+    root.mkdir(exist_ok=True)
     last: dict[str, object] = {}  # the last preset's torch model (a model per preset would hold ~1 GB)
 
     def package(preset: str, variant: str, kv_mode: str = "state") -> Path:
-        key = (preset, variant, kv_mode)
-        if key not in made:
-            if preset not in last:
-                last.clear()
-                last[preset] = build_model(resolve_source(preset, PRESET_SHRINK, seed=PRESET_SEED))
-            path = root / f"{preset}-{variant}-{kv_mode}.mlpackage"
-            convert_step(DecodeStep(last[preset], PRESET_CTX, variant, kv_mode).eval()).save(str(path))
-            made[key] = path
-        return made[key]
+        path = root / f"{preset}-{variant}-{kv_mode}.mlpackage"
+        with FileLock(str(path) + ".lock"):
+            if not path.is_dir():
+                if preset not in last:
+                    last.clear()
+                    last[preset] = build_model(resolve_source(preset, PRESET_SHRINK, seed=PRESET_SEED))
+                tmp = root / f".tmp-{os.getpid()}-{path.name}"
+                convert_step(DecodeStep(last[preset], PRESET_CTX, variant, kv_mode).eval()).save(str(tmp))
+                tmp.rename(path)
+        return path
 
     return package
 
