@@ -98,13 +98,14 @@ def test_two_layer_full_width_models_analyse_identically(preset, tmp_path):
     assert len(a.tiles()) == 4 and a.path == ""
 
 
-COMPRESSED_LAYERS = 14  # top12 promotes the first and last 6 layers: 2 keep the base rule (top8: 6)
+# top12 promotes the first and last 6 layers, top8 the first and last 4: at these sizes 2 layers keep the base rule
+COMPRESSED_LAYERS = {"base": 14, "top8": 10, "top12": 14}
 
 
 @pytest.mark.parametrize("preset", [pytest.param("base", marks=pytest.mark.full), "top8",
                                     pytest.param("top12", marks=pytest.mark.full)])
 def test_compressed_structure_build_analyses_identically(preset, tmp_path):
-    """Every compression preset on the structure config at 14 layers (Q-fold): coremltools' palettization and
+    """Every compression preset on the structure config at 10 or 14 layers (Q-fold): coremltools' palettization and
     int8 passes lay out the value-free weights (a 16-entry fp16 LUT per 16 output channels with uint4 indices, 6-bit for
     the lm_head, int8 data with one fp16 scale per output channel) exactly as they lay out random ones.
     Only names coremltools generates from its op-name counters may differ: the state reads
@@ -112,17 +113,18 @@ def test_compressed_structure_build_analyses_identically(preset, tmp_path):
     int32), because the materialised path reloads the program from protobuf before each of its two passes and
     numbers them again. Their types, layers, shapes and bytes are identical, and none reads a weight. base and
     top12 take the same code path as top8 with other layer rules; they run with QFOLD_FULL=1 (~2 min each)."""
-    source = resolve_source(DEFAULT_PRESET, (*STRUCTURE_OVERRIDES, f"num_hidden_layers={COMPRESSED_LAYERS}"))
-    plan = parse_spec(preset, COMPRESSED_LAYERS)
+    layers = COMPRESSED_LAYERS[preset]
+    source = resolve_source(DEFAULT_PRESET, (*STRUCTURE_OVERRIDES, f"num_hidden_layers={layers}"))
+    plan = parse_spec(preset, layers)
     (m,) = _materialised(source, "qfold", 256, tmp_path, [plan])
     (a,) = _analysis(source, "qfold", 256, tmp_path, [plan])
     assert_same_analysis(a, m, names=False)
     assert compression_report(a) == compression_report(m)
     renamed = {x.name for x, y in zip(a.ops, m.ops, strict=True) if x.name != y.name}
     assert {op.type for op in a.ops if op.name in renamed} <= {"read_state", "greater_equal", "add", "select", "const"}
-    assert len(renamed) <= 2 * COMPRESSED_LAYERS + 6
+    assert len(renamed) <= 2 * layers + 6
     assert not any(r.is_const and r.stored_bytes > 1024 for op in a.ops if op.name in renamed for r in op.inputs)
-    assert compression_report(a).compressed_count == COMPRESSED_LAYERS * 7 + 2  # every projection, embedding, lm_head
+    assert compression_report(a).compressed_count == layers * 7 + 2  # every projection, embedding, lm_head
 
 
 # ------------------------------------------------------------------------------------------------- build child
