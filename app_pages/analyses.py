@@ -21,7 +21,8 @@ from analyzer.report.figures import op_frame
 from app_pages.session_keys import Key
 
 
-def _mtime(path: Path) -> float:
+def mtime(path: Path) -> float:
+    """A file's or folder's mtime, 0.0 when it is gone: the key under which a cached read is kept until it changes."""
     try:
         return path.stat().st_mtime
     except OSError:
@@ -43,7 +44,7 @@ def analysis_refs() -> list[AnalysisRef]:
     root = builds_root()
     packages = tuple(st.session_state.get(Key.BUILDS_PACKAGES, ()))
     shapes = tuple((p, package_shapes(p)) for p in packages if package_shapes(p))
-    return _catalog(str(root), _mtime(root), packages, shapes)
+    return _catalog(str(root), mtime(root), packages, shapes)
 
 
 def package_shapes(path: str) -> Shapes:
@@ -89,7 +90,7 @@ def _load(path: str, function: str | None, mtime: float, charge: str, shapes: Sh
 
 def load(ref: AnalysisRef) -> Analysis:
     """The analysis ``ref`` names, at its shapes (raises QfoldError with a message fit for st.error)."""
-    args = (str(ref.path), ref.function, _mtime(ref.path), weight_charge(), ref.shapes)
+    args = (str(ref.path), ref.function, mtime(ref.path), weight_charge(), ref.shapes)
     try:
         return _load(*args)
     except QfoldError:
@@ -104,7 +105,7 @@ def _op_table(path: str, function: str | None, mtime: float, charge: str, shapes
 
 def op_table(ref: AnalysisRef) -> pd.DataFrame:
     """Every op of ``ref`` with the bytes it moves per token, by category."""
-    args = (str(ref.path), ref.function, _mtime(ref.path), weight_charge(), ref.shapes)
+    args = (str(ref.path), ref.function, mtime(ref.path), weight_charge(), ref.shapes)
     try:
         return _op_table(*args)
     except QfoldError:

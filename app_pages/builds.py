@@ -277,17 +277,11 @@ if not active:
 
 
 # ---------------------------------------------------------------------------------------------- cached builds
-def _stamp(folder: Path) -> int:
-    try:
-        return folder.stat().st_mtime_ns  # a rewritten analysis is renamed into its folder, which changes this
-    except OSError:
-        return 0
-
-
-# One small row per build function, kept until its folder changes: through analyses.load (16 analyses kept), a folder
-# of more builds than that parsed every analysis again on each rerun (34 builds: ~2 s per click).
+# One small row per build function, kept until its folder's mtime changes (a rewritten analysis is renamed into it):
+# through analyses.load (16 analyses kept), a folder of more builds than that parsed every analysis again on each
+# rerun (34 builds: ~2 s per click).
 @st.cache_data(show_spinner=False, max_entries=1024)
-def _build_row(path: str, function: str | None, stamp: int, label: str) -> dict:
+def _build_row(path: str, function: str | None, stamp: float, label: str) -> dict:
     a = load_analysis(path, function)
     return {
         "build": describe_spec(a.build.spec, a.function) if a.build else label,
@@ -307,7 +301,7 @@ for folder, reason in unreadable_builds(root):  # listed, never fatal: the other
 if not built:
     st.caption(f"No finished builds in {fmt.md(root)} yet.")
 else:
-    rows = [{**_build_row(str(r.path), r.function, _stamp(r.path), r.label), "created": r.created,
+    rows = [{**_build_row(str(r.path), r.function, analyses.mtime(r.path), r.label), "created": r.created,
              "key": r.id.removeprefix("build:")} for r in built]
     widgets.show_table(pd.DataFrame(rows))
     refs = analyses.analysis_refs()
