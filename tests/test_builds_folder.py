@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from analyzer.convert.builds_folder import QUEUE_DIR, clean_stale_tmp, key_lock, latest_log, lock_is_held, queue
+from analyzer.convert.checks import is_reduced_size
 from analyzer.convert.launch import list_builds, run_build, run_child
 from analyzer.errors import BuildError
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
@@ -135,8 +136,10 @@ STAGES = ("model", "equivalence", "convert", "save", "walk", "check")
 
 @pytest.mark.conversion
 def test_kill_9_at_every_stage_leaves_nothing_listed_and_the_next_build_works(tmp_path):
-    spec = BuildSpec(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES), "repeat_kv", "state", TINY_CTX,
-                     equivalence_steps=2)
+    # 3 layers: a model larger than the reduced one, so its equivalence check runs in a worker process, killed too
+    spec = BuildSpec(resolve_source(DEFAULT_PRESET, (*TINY_OVERRIDES, "num_hidden_layers=3")), "repeat_kv", "state",
+                     TINY_CTX, equivalence_steps=2)
+    assert not is_reduced_size(spec)
     request = tmp_path / "request.json"
     request.write_text(json.dumps(spec.to_json()))
     killed_at = []

@@ -40,9 +40,10 @@ from analyzer.fsio import read_json, write_json_atomic
 from analyzer.graph.buildinfo import EquivalenceCheck, equivalence_from_json, equivalence_json
 from analyzer.graph.interpret import decode_steps, load_interpreter
 from analyzer.jsonfields import Field
+from analyzer.model.cost import estimate
 from analyzer.model.decode import DecodeStep, build_model, run_decode
 from analyzer.model.equivalence import check_equivalence, check_prefill_equivalence
-from analyzer.model.sources import geometry_of
+from analyzer.model.sources import geometry_of, load_config
 from analyzer.model.spec import BuildSpec, phases_of, tool_versions
 from analyzer.model.valuefree import reduced_source
 
@@ -162,6 +163,17 @@ def _equivalence_key(spec: BuildSpec) -> tuple[str, str]:
     return digest, ", ".join(reduced.overrides)
 
 
+def is_reduced_size(spec: BuildSpec) -> bool:
+    """Whether a build's own model is no larger than the reduced model its equivalence check runs on (a test-size
+    config such as the suite's tiny one). Such a build converts in a few seconds, less than a worker process takes
+    to start (~7 s of CPU importing torch, transformers and coremltools on this project's 2-core machine: a 2-layer
+    build's log showed the child waiting 3-6 s for its worker's check, which takes ~1 s), so its check and its
+    A/B's second variant run in the build's own process."""
+
+    own, reduced = load_config(spec.source), load_config(reduced_source(spec.source))
+    return estimate(own, spec.ctx).params <= estimate(reduced, spec.ctx).params
+
+
 def reduced_weights_text(source) -> str:
     """Which weights an equivalence check on ``reduced_source(source)`` ran on (for the check record)."""
 
@@ -200,11 +212,12 @@ def check_reduced_equivalence(spec_json: dict) -> dict:
 class ReducedEquivalences:
     """The equivalence checks a set of builds needs (one per phase), read from ``builds/.equivalence/`` or
     computed in ONE worker process beside the conversions (off the critical path: the conversion passes run on
-    one core). ``in_process``: computed here when first asked for instead, for a child whose other cores
-    already convert (an analysis A/B's second variant in its worker): one process fewer to start and to share
-    the cores with."""
+    one core). ``in_process``: why the checks are computed here when first asked for instead (empty: a worker), for
+    a child whose other cores already convert (an analysis A/B's second variant in its worker) or builds whose own
+    model is the reduced model's size (:func:`is_reduced_size`): one process fewer to start and to share the cores
+    with."""
 
-    def __init__(self, specs: list[BuildSpec], cache_dir: Path | None, in_process: bool = False):
+    def __init__(self, specs: list[BuildSpec], cache_dir: Path | None, in_process: str = ""):
         self.cache_dir = cache_dir
         self.results: dict[str, Any] = {}
         self.futures: dict[str, Any] = {}
@@ -220,7 +233,7 @@ class ReducedEquivalences:
                 continue
             what = (f"{spec.equivalence_steps} decode steps" if spec.phase == "decode" else
                     f"prefill calls of {spec.q_len} tokens")
-            where = "in this process after its own conversion" if in_process else "in a worker process"
+            where = f"in this process {in_process}" if in_process else "in a worker process"
             emit(0.01, "equivalence", f"checking the variants' equivalence {where}: {spec.kv_mode} KV, "
                  f"ctx {spec.ctx}, {what}, fp32 and fp16, on a reduced model ({reduced}, random weights)")
             if in_process:

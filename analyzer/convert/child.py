@@ -46,7 +46,7 @@ from analyzer.convert.builds_folder import (
     tmp_folder,
     write_queue_entry,
 )
-from analyzer.convert.checks import ReducedEquivalences
+from analyzer.convert.checks import ReducedEquivalences, is_reduced_size
 from analyzer.convert.launch import LOG_FILE, PROGRESS_PREFIX, is_complete
 from analyzer.convert.modes import analysis_group, materialised_group
 from analyzer.convert.progress import LOG, T0, emit, peak_rss_bytes  # noqa: F401  (peak_rss_bytes: re-exported)
@@ -56,6 +56,8 @@ from analyzer.fsio import read_json
 from analyzer.graph.record import ANALYSIS_FILE, Analysis, function_analysis_file, write_analysis
 from analyzer.model.backends import COREAI
 from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE, BuildSpec
+
+THREADS_ENV = "OMP_NUM_THREADS"  # torch's own default thread count reads it
 
 
 def check_numpy() -> None:
@@ -85,16 +87,20 @@ def build_all(specs: list[BuildSpec], out_dirs: dict[str, Path],
     are made."""
     import torch
 
-
     check_numpy()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if THREADS_ENV not in os.environ:  # an explicit OpenMP thread count (a shared machine, a test worker) is kept
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
     groups: dict[str, list[BuildSpec]] = {}
     for s in specs:
         groups.setdefault(_group_key(s), []).append(s)
-    # an analysis A/B keeps the other cores busy with its variant workers: its equivalence check runs here
+    # an analysis A/B keeps the other cores busy with its variant workers: its equivalence check runs here; so
+    # does the check of builds no larger than the reduced model (a worker would take longer to start than they)
     side_by_side = (os.cpu_count() or 1) > 1 and any(len(g) > 1 for g in groups.values()) and all(
         g[0].build_mode == ANALYSIS_MODE and g[0].backend != COREAI for g in groups.values())
-    equivalences = ReducedEquivalences(specs, equivalence_cache, in_process=side_by_side)
+    small = all(is_reduced_size(s) for s in specs)
+    equivalences = ReducedEquivalences(specs, equivalence_cache, in_process=(
+        "(a model of the reduced model's size: quicker than starting a worker)" if small else
+        "after its own conversion" if side_by_side else ""))
     try:
         done = 0
         for group in groups.values():

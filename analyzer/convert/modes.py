@@ -31,6 +31,7 @@ from analyzer.convert.checks import (
     interpreter_fits,
     interpreter_not_run,
     interpreter_reference,
+    is_reduced_size,
     reduced_weights_text,
     torch_check,
 )
@@ -221,10 +222,12 @@ def value_free_job(spec_json: dict, out_dir: str) -> dict:
 
 class _Workers:
     """The builds of a group after the first, converted in worker processes beside the build child: as many
-    as the machine has cores beside the child's own (none on one core: then they run here, in turn)."""
+    as the machine has cores beside the child's own (none on one core, nor for models of the reduced model's size:
+    then they run here, in turn)."""
 
     def __init__(self, specs: list[BuildSpec], out_dirs):
-        n = min(len(specs), (os.cpu_count() or 1) - 1)
+        # none for models of the reduced model's size either: they convert before a worker would have started
+        n = 0 if all(is_reduced_size(s) for s in specs) else min(len(specs), (os.cpu_count() or 1) - 1)
         self.pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")) if n > 0 else None
         self.futures = {s.key: self.pool.submit(value_free_job, s.to_json(), str(out_dirs[s.key])) for s in specs} \
             if self.pool else {}
