@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.convert.launch import run_build, run_builds
+from analyzer.convert.launch import run_builds
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
 from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
 
@@ -57,9 +57,15 @@ def builds_root(tmp_path_factory, worker_id) -> Path:
     return root
 
 
+def _built(specs: list[BuildSpec], root: Path) -> dict[str, Path]:
+    """variant → build folder: the specs converted by ONE child, as the product converts an A/B (one process,
+    one torch model, one equivalence check)."""
+    return {s.variant: r.path for s, r in zip(specs, run_builds(specs, root), strict=True)}
+
+
 def _pair(root: Path, overrides, ctx: int) -> dict[str, Path]:
     source = resolve_source(DEFAULT_PRESET, overrides)
-    return {v: run_build(BuildSpec(source, v, "state", ctx), root).path for v in ("repeat_kv", "qfold")}
+    return _built([BuildSpec(source, v, "state", ctx) for v in ("repeat_kv", "qfold")], root)
 
 
 @pytest.fixture(scope="session")
@@ -75,16 +81,16 @@ def tiny_phase_builds(builds_root) -> dict[str, Path]:
     """The tiny config as decode+prefill packages (two functions, shared weights; prefill of 64 tokens), per
     variant. Their decode equivalence check is the tiny pair's, reused from the cache."""
     source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
-    return {v: run_build(BuildSpec(source, v, "state", TINY_CTX, phase="decode+prefill", q_len=TINY_Q_LEN),
-                         builds_root).path for v in ("repeat_kv", "qfold")}
+    return _built([BuildSpec(source, v, "state", TINY_CTX, phase="decode+prefill", q_len=TINY_Q_LEN)
+                   for v in ("repeat_kv", "qfold")], builds_root)
 
 
 @pytest.fixture(scope="session")
 def structure_builds(builds_root) -> dict[str, Path]:
     """The structure pair, analysis mode, converted by one child (an A/B)."""
     source = resolve_source(DEFAULT_PRESET, STRUCTURE_OVERRIDES)
-    specs = [BuildSpec(source, v, "state", 4096, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold")]
-    return {s.variant: r.path for s, r in zip(specs, run_builds(specs, builds_root), strict=True)}
+    return _built([BuildSpec(source, v, "state", 4096, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold")],
+                  builds_root)
 
 
 @pytest.fixture(scope="session")
@@ -150,5 +156,4 @@ def coreai_builds(builds_root) -> dict[str, Path]:
     three variants, converted by one child beside the Core ML tiny pair; skipped where Core AI is not installed."""
     pytest.importorskip("coreai_torch")  # Core AI's wheels: Linux x86_64 cp311/cp312 and macOS arm64 only
     source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
-    specs = [BuildSpec(source, v, "state", TINY_CTX, backend="coreai") for v in COREAI_VARIANTS]
-    return {s.variant: r.path for s, r in zip(specs, run_builds(specs, builds_root), strict=True)}
+    return _built([BuildSpec(source, v, "state", TINY_CTX, backend="coreai") for v in COREAI_VARIANTS], builds_root)

@@ -44,9 +44,13 @@ def test_build_folder_is_complete_and_reused(tiny_builds, builds_root):
     path = tiny_builds["qfold"]
     assert (path / ANALYSIS_FILE).is_file() and (path / PACKAGE_NAME / "Manifest.json").is_file()
     assert (path / "build.log").is_file()
-    # the pair shares one equivalence check (it does not depend on the variant built)
-    assert "reusing the equivalence check" in (path / "build.log").read_text()
+    # the pair shares one equivalence check (it does not depend on the variant built): one child made both, and
+    # checked once (or reused the check of an earlier build of this geometry)
+    log = (path / "build.log").read_text()
+    assert log.count("checking the variants' equivalence") + log.count("reusing the equivalence check") == 1, log
+    assert f"done: {tiny_builds['repeat_kv']}" in log  # the first variant's build, in the same child's log
     doc = json.loads((path / ANALYSIS_FILE).read_text())
+    assert doc["equivalence"] == json.loads((tiny_builds["repeat_kv"] / ANALYSIS_FILE).read_text())["equivalence"]
     assert doc["key"] == path.name and doc["spec"]["variant"] == "qfold"
     assert doc["peak_rss_bytes"] > 0 and doc["timings"]["convert_s"] > 0
     t0 = time.monotonic()

@@ -5,6 +5,9 @@ through the build child (an A/B in one process), on 2-layer full-width configs o
 with every preset on the structure config at 14 layers; prefill and decode+prefill (one analysis per function)
 on the tiny config."""
 
+import os
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -139,8 +142,9 @@ def test_structure_ab_in_one_process_equals_the_materialised_builds(builds_root)
     source = resolve_source(DEFAULT_PRESET, IDENTITY_OVERRIDES)
     specs = {mode: [BuildSpec(source, v, "state", 4096, build_mode=mode) for v in ("repeat_kv", "qfold")]
              for mode in (ANALYSIS_MODE, "materialised")}
-    built = {mode: {s.variant: r.path for s, r in zip(group, run_builds(group, builds_root), strict=True)}
-             for mode, group in specs.items()}
+    every = [s for group in specs.values() for s in group]  # one child for both modes, as a user's request would
+    paths = {s.key: r.path for s, r in zip(every, run_builds(every, builds_root), strict=True)}
+    built = {mode: {s.variant: paths[s.key] for s in group} for mode, group in specs.items()}
     keys = [s.key for s in specs[ANALYSIS_MODE]]
     for variant, path in built[ANALYSIS_MODE].items():
         a, m = read_analysis_file(path), read_analysis_file(built["materialised"][variant])
@@ -149,6 +153,8 @@ def test_structure_ab_in_one_process_equals_the_materialised_builds(builds_root)
         assert a.summary.tile_count == (8 if variant == "repeat_kv" else 0)
         assert a.build.build_mode == ANALYSIS_MODE and m.build.build_mode == "materialised"
         assert a.build.extra["built_together"] == keys  # both variants converted by one child
+        # the second variant in a worker process beside the child when there is a core for it (issue 23)
+        assert a.build.extra.get("converted_in_worker", False) == (variant == "qfold" and (os.cpu_count() or 1) > 1)
         assert not (path / PACKAGE_NAME).exists() and a.build.package_bytes is None
         assert a.program.path == "" and a.build.spec.to_json()["build_mode"] == ANALYSIS_MODE
 
@@ -170,13 +176,11 @@ def test_equivalence_is_checked_on_a_reduced_materialised_model_and_says_so(stru
 def test_prefill_builds_analyse_identically_per_function(phase, builds_root, tiny_phase_builds):
     """A prefill build and a decode+prefill build (two functions) in analysis mode: one analysis per function,
     each equal to the materialised package's function (the materialised prefill-only build is made here)."""
-    from analyzer.convert.launch import run_build
-
     source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
     spec = BuildSpec(source, "repeat_kv", "state", TINY_CTX, phase=phase, q_len=TINY_Q_LEN)
-    analysis = run_build(BuildSpec(source, "repeat_kv", "state", TINY_CTX, phase=phase, q_len=TINY_Q_LEN,
-                                   build_mode=ANALYSIS_MODE), builds_root).path
-    materialised = tiny_phase_builds["repeat_kv"] if phase == "decode+prefill" else run_build(spec, builds_root).path
+    specs = [replace(spec, build_mode=ANALYSIS_MODE)] + ([spec] if phase == "prefill" else [])
+    analysis, *made = (r.path for r in run_builds(specs, builds_root))  # the materialised prefill build made here
+    materialised = made[0] if made else tiny_phase_builds["repeat_kv"]
     files_a, files_m = function_analysis_files(analysis), function_analysis_files(materialised)
     assert [f.name for f in files_a] == [f.name for f in files_m]
     for fa, fm in zip(files_a, files_m, strict=True):
