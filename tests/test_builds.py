@@ -16,6 +16,7 @@ from analyzer.errors import BuildError
 from analyzer.graph.record import ANALYSIS_FILE
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.model.spec import BuildSpec
+from tests.cli_batch import run_batch
 
 from .conftest import TINY_CTX, TINY_OVERRIDES
 
@@ -119,20 +120,31 @@ def test_cli_build_prints_the_folder_last_and_inspect_diff_speak_json(tiny_build
     assert len(csv_text.splitlines()) == len(ops) + 1
 
 
-@pytest.mark.parametrize(("args", "code", "needle"), [
+BAD_ARGUMENTS = [
     (("build", "--variant", "nope"), 2, "invalid choice: 'nope'"),
     (("build", "--variant", "qfold", "--ctx", "0"), 2, "must be at least 1"),
     (("build", "--variant", "qfold", "--set", "num_key_value_heads=5"), 1, "not divisible"),
     (("build", "--variant", "qfold", "--model", "/no/such/thing"), 1, "not a preset"),
     (("inspect", "/no/such/path"), 1, "not an .mlpackage"),
     (("frobnicate",), 2, "invalid choice"),
-])
-def test_bad_arguments_exit_nonzero_with_one_line(args, code, needle):
-    out = _cli(*args)
-    assert out.returncode == code
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], out.stderr
-    assert "Traceback" not in out.stderr
+]
+
+
+@pytest.fixture(scope="module")
+def bad_argument_runs() -> dict[tuple[str, ...], dict]:
+    """Each bad command line through ``analyzer.cli.main`` as ``python -m analyzer`` runs it (exit code, stdout,
+    stderr, any traceback), in one long-lived child (tests/cli_batch.py) instead of a Python per case."""
+    results = run_batch([{"argv": list(args), "timeout_s": 60} for args, _, _ in BAD_ARGUMENTS], workers=1)
+    return {args: r for (args, _, _), r in zip(BAD_ARGUMENTS, results, strict=True)}
+
+
+@pytest.mark.parametrize(("args", "code", "needle"), BAD_ARGUMENTS)
+def test_bad_arguments_exit_nonzero_with_one_line(args, code, needle, bad_argument_runs):
+    out = bad_argument_runs[args]
+    assert out["code"] == code and out["traceback"] is None and out["killed"] is None, out
+    lines = out["stderr"].strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], out["stderr"]
+    assert "Traceback" not in out["stderr"]
 
 
 def test_a_relative_builds_dir_is_the_callers_folder(tmp_path):
