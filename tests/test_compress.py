@@ -196,19 +196,18 @@ def geometry(source):
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """The fp16 and top8 builds of a 2-layer model through the child process (one equivalence step)."""
-    from analyzer.convert.launch import run_build
+    """The fp16 and top8 builds of a 2-layer model through the child process (one equivalence step), one request
+    for both (one child, as ``build --compression`` would convert them)."""
+    from analyzer.convert.launch import run_builds
     from analyzer.graph.record import read_analysis_file
     from analyzer.model.sources import resolve_source
     from analyzer.model.spec import BuildSpec
 
     source = resolve_source("exaone-4.0-1.2b", TWO_LAYERS)
     root = tmp_path_factory.mktemp("builds")
-    out = {}
-    for name, comp in (("fp16", None), ("top8", canonical_spec("top8", 2))):
-        result = run_build(BuildSpec(source, "qfold", "state", 64, comp, 1), root=root)
-        out[name] = (result, read_analysis_file(result.path))
-    return out
+    names = {"fp16": None, "top8": canonical_spec("top8", 2)}
+    results = run_builds([BuildSpec(source, "qfold", "state", 64, comp, 1) for comp in names.values()], root=root)
+    return {name: (r, read_analysis_file(r.path)) for name, r in zip(names, results, strict=True)}
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,36 @@ VARIANTS = COREAI_VARIANTS
 SAME_BYTES = ("kv_read", "kv_write", "replication", "kv_write_value_semantics")
 
 
+def fp32_spec() -> BuildSpec:
+    return BuildSpec(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES), "qfold", "state", TINY_CTX, backend="coreai",
+                     weights="fp32")
+
+
+INPUT_AND_PREFILL = {"input": dict(kv_mode="input"), "prefill": dict(kv_mode="state", phase="prefill", q_len=8)}
+
+
+def input_and_prefill_specs() -> list[BuildSpec]:
+    """KV as inputs and a prefill of 8 tokens, analysis mode, on each backend (Core ML, Core AI in turn)."""
+    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    return [BuildSpec(source, "repeat_kv", ctx=TINY_CTX, build_mode="analysis", backend=b, **kw)
+            for kw in INPUT_AND_PREFILL.values() for b in ("coreml", "coreai")]
+
+
+def analysis_sdpa_spec() -> BuildSpec:
+    return BuildSpec(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES), "sdpa_gqa", "state", TINY_CTX,
+                     build_mode="analysis", backend="coreai")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_child_for_the_modules_builds(builds_root):
+    """Every build this module asks for (conftest's three Core AI variants, the fp32 one, the analysis-mode ones)
+    requested at once, so one child converts them (each test's own ``run_builds`` then finds its build); builds that
+    another test file made already are reused."""
+    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    run_builds([*(BuildSpec(source, v, "state", TINY_CTX, backend="coreai") for v in COREAI_VARIANTS), fp32_spec(),
+                *input_and_prefill_specs(), analysis_sdpa_spec()], builds_root)
+
+
 def kv_copies(a: Analysis):
     return [t for t in a.summary.tiles if t.kind == "kv_replication"]
 
@@ -257,7 +287,7 @@ def test_an_fp32_build_keeps_its_kv_state_in_fp32(coreai_builds, builds_root):
     cast reads a state (an fp16 cache cost two whole-cache casts per layer and step), the KV bytes are twice the fp16
     build's, and the key says so where an fp16 build's key is unchanged."""
     src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
-    spec = BuildSpec(src, "qfold", "state", TINY_CTX, backend="coreai", weights="fp32")
+    spec = fp32_spec()
     assert spec.kv_dtype == "fp32" and spec.fingerprint()["kv_dtype"] == "fp32"
     assert replace(spec, weights="fp16").fingerprint()["kv_dtype"] == "fp16" == BuildSpec(src, "qfold").kv_dtype
     (built,) = run_builds([spec], builds_root)
@@ -277,10 +307,8 @@ def test_input_mode_and_prefill_builds_match_core_ml(builds_root):
     """KV as inputs (new_k/new_v outputs) and a prefill step of 8 tokens, analysis mode, against the Core ML build of
     the same spec: the copies and every KV byte category agree."""
     source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
-    cases = {"input": dict(kv_mode="input"), "prefill": dict(kv_mode="state", phase="prefill", q_len=8)}
-    specs = [BuildSpec(source, "repeat_kv", ctx=TINY_CTX, build_mode="analysis", backend=b, **kw)
-             for kw in cases.values() for b in ("coreml", "coreai")]
-    got = [load_analysis(r.path) for r in run_builds(specs, builds_root)]
+    cases = INPUT_AND_PREFILL
+    got = [load_analysis(r.path) for r in run_builds(input_and_prefill_specs(), builds_root)]
     g = geometry_of(load_config(source))
     for (case, kw), ml, ai in zip(cases.items(), got[0::2], got[1::2], strict=True):
         assert ai.program.backend == "coreai" and ai.build.spec.backend == "coreai", case
@@ -320,8 +348,6 @@ def test_a_foreign_aimodel_is_walked(tmp_path, capsys):
 def test_analysis_mode_walks_as_the_materialised_build(coreai_builds, builds_root):
     """Value-free weights (analysis mode) give the materialised Core AI build's op records and bytes, op for op
     (sdpa_gqa: its composite body included); no asset is kept."""
-    spec = BuildSpec(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES), "sdpa_gqa", "state", TINY_CTX,
-                     build_mode="analysis", backend="coreai")
-    (result,) = run_builds([spec], builds_root)
+    (result,) = run_builds([analysis_sdpa_spec()], builds_root)
     assert not (result.path / "model.aimodel").exists()
     assert_same_analysis(load_analysis(result.path).program, load_analysis(coreai_builds["sdpa_gqa"]).program)
