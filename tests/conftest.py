@@ -150,10 +150,15 @@ def preset_packages(builds_root):
 COREAI_VARIANTS = ("repeat_kv", "qfold", "sdpa_gqa")
 
 
+def coreai_specs() -> list[BuildSpec]:
+    """The specs of ``coreai_builds``, for a module that requests them with its own builds in one child."""
+    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    return [BuildSpec(source, v, "state", TINY_CTX, backend="coreai") for v in COREAI_VARIANTS]
+
+
 @pytest.fixture(scope="session")
 def coreai_builds(builds_root) -> dict[str, Path]:
     """The tiny config as Core AI builds (``--backend coreai``, materialised fp16: a ``model.aimodel`` each) of the
     three variants, converted by one child beside the Core ML tiny pair; skipped where Core AI is not installed."""
     pytest.importorskip("coreai_torch")  # Core AI's wheels: Linux x86_64 cp311/cp312 and macOS arm64 only
-    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
-    return _built([BuildSpec(source, v, "state", TINY_CTX, backend="coreai") for v in COREAI_VARIANTS], builds_root)
+    return _built(coreai_specs(), builds_root)

@@ -34,7 +34,7 @@ from analyzer.model.spec import BuildSpec
 from analyzer.report.catalog import catalog, spec_facts
 from analyzer.report.compare import compare
 from analyzer.report.labels import match_log_label
-from tests.conftest import COREAI_VARIANTS, TINY_CTX, TINY_OVERRIDES
+from tests.conftest import COREAI_VARIANTS, TINY_CTX, TINY_OVERRIDES, coreai_specs
 from tests.coreai_assets import foreign_asset
 from tests.test_fast_identity import assert_same_analysis
 
@@ -68,9 +68,7 @@ def _one_child_for_the_modules_builds(builds_root):
     """Every build this module asks for (conftest's three Core AI variants, the fp32 one, the analysis-mode ones)
     requested at once, so one child converts them (each test's own ``run_builds`` then finds its build); builds that
     another test file made already are reused."""
-    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
-    run_builds([*(BuildSpec(source, v, "state", TINY_CTX, backend="coreai") for v in COREAI_VARIANTS), fp32_spec(),
-                *input_and_prefill_specs(), analysis_sdpa_spec()], builds_root)
+    run_builds([*coreai_specs(), fp32_spec(), *input_and_prefill_specs(), analysis_sdpa_spec()], builds_root)
 
 
 def kv_copies(a: Analysis):
