@@ -4,6 +4,7 @@ analysis-mode build, and the cost the pages state."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,40 @@ def test_cli_refuses_a_fold_build_in_analysis_mode(builds_root):
                "--builds-dir", str(builds_root))
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
     assert "needs weight values" in out.stderr and "--mode materialised" in out.stderr
+
+
+def test_cli_build_never_loads_coremltools_and_refuses_a_prefill_fold_before_converting(tmp_path):
+    """The fold pass (coremltools, and torch with it) loads in the fold route's own child: `build`'s errors and
+    --help answer without it, and a fold it cannot make is refused before anything converts."""
+    probe = "import sys, analyzer.cli.build; print(sorted({'coremltools', 'torch'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stderr
+    out = _cli("build", "--variant", "repeat_kv+fold", "--phase", "prefill", *TINY_ARGS,
+               "--builds-dir", str(tmp_path))
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "folds the decode step only" in out.stderr and "Traceback" not in out.stderr
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == []  # nothing was converted
+
+
+@pytest.mark.conversion
+def test_cli_fold_route_converts_with_the_other_variants_and_folds_in_a_child(tiny_builds, tmp_path):
+    """`build --variant qfold repeat_kv+fold` (materialised): one request for both conversions (here the
+    session's tiny pair, copied in: reused), then the fold, proven in the interpreter, in a child of its own."""
+    for build in tiny_builds.values():
+        shutil.copytree(build, tmp_path / build.name)
+    out = _cli("build", "--variant", "qfold", "repeat_kv+fold", *TINY_ARGS, "--mode", "materialised",
+               "--builds-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    qfold, folded = (Path(line) for line in out.stdout.strip().splitlines())
+    assert qfold == tmp_path / tiny_builds["qfold"].name
+    assert folded.parent == tmp_path and "-repeat_kv+fold-state-ctx256-" in folded.name
+    doc = read_analysis_file(folded)
+    assert doc.build.spec.variant == "repeat_kv+fold" and doc.summary.tile_count == 0
+    assert doc.build.extra["folded_from"] == tiny_builds["repeat_kv"].name
+    assert doc.build.check("folded_vs_original").checked
+    assert (folded / PACKAGE_NAME).is_dir() and f"built {folded.name}" in out.stderr
+    assert "] fold: folding " in out.stderr  # the child's progress reached the CLI
+    assert len(list((tmp_path / ".logs").glob(f"{tiny_builds['repeat_kv'].name}-fold.*.log"))) == 1
 
 
 @pytest.mark.conversion

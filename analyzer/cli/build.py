@@ -7,8 +7,7 @@ import sys
 
 from analyzer.cli.common import positive_int
 from analyzer.convert.compress import canonical_spec
-from analyzer.convert.fold import FOLD_BASE_VARIANT, build_folded
-from analyzer.convert.launch import run_builds
+from analyzer.convert.launch import run_builds, run_folded_build
 from analyzer.errors import QfoldError
 from analyzer.model.backends import BACKENDS, COREAI, COREML, DEFAULT_WEIGHTS, WEIGHT_DTYPES
 from analyzer.model.sources import (
@@ -24,9 +23,11 @@ from analyzer.model.spec import (
     BUILD_MODES,
     BUILD_PHASES,
     DEFAULT_Q_LEN,
+    FOLD_BASE_VARIANT,
     FOLD_VARIANT,
     MATERIALISED_MODE,
     BuildSpec,
+    check_fold_route,
 )
 from analyzer.model.variants import KV_MODES, VARIANTS
 
@@ -102,11 +103,13 @@ def cmd_build(args) -> int:
     def progress(p) -> None:
         print(f"[{p.fraction * 100:3.0f}%] {p.stage}: {p.message}", file=sys.stderr, flush=True)
 
-    plain = [v for v in variants if v != FOLD_VARIANT]
-    built = dict(zip(plain, run_builds([spec_of(v) for v in plain], args.builds_dir, on_progress=progress,
-                                       force_ctx=args.force_ctx), strict=True))
     if FOLD_VARIANT in variants:
-        built[FOLD_VARIANT] = build_folded(spec_of(FOLD_VARIANT), args.builds_dir, on_progress=progress)
+        check_fold_route(spec_of(FOLD_VARIANT))
+    # one child converts every variant, the folded route's repeat_kv build included; the fold runs in its own child
+    built = dict(zip(variants, run_builds([spec_of(v) for v in variants], args.builds_dir, on_progress=progress,
+                                          force_ctx=args.force_ctx), strict=True))
+    if FOLD_VARIANT in variants:
+        built[FOLD_VARIANT] = run_folded_build(spec_of(FOLD_VARIANT), args.builds_dir, on_progress=progress)
     for v in variants:
         result = built[v]
         print(f"{'reused' if result.reused else 'built'} {result.key} in {result.seconds:.1f} s", file=sys.stderr)

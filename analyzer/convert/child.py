@@ -27,7 +27,6 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
@@ -47,11 +46,11 @@ from analyzer.convert.builds_folder import (
     write_queue_entry,
 )
 from analyzer.convert.checks import ReducedEquivalences, is_reduced_size
-from analyzer.convert.launch import LOG_FILE, PROGRESS_PREFIX, is_complete
+from analyzer.convert.launch import LOG_FILE, is_complete
 from analyzer.convert.modes import analysis_group, materialised_group
-from analyzer.convert.progress import LOG, T0, emit, peak_rss_bytes  # noqa: F401  (peak_rss_bytes: re-exported)
+from analyzer.convert.progress import LOG, T0, emit, peak_rss_bytes, report_errors, result  # noqa: F401  (peak_rss_bytes: re-exported)
 from analyzer.convert.step import convert_step, ct_io  # noqa: F401  (re-exported: tests and tools import them here)
-from analyzer.errors import BuildError, QfoldError
+from analyzer.errors import BuildError
 from analyzer.fsio import read_json
 from analyzer.graph.record import ANALYSIS_FILE, Analysis, function_analysis_file, write_analysis
 from analyzer.model.backends import COREAI
@@ -141,12 +140,6 @@ def read_request(request: Path) -> list[BuildSpec]:
     return [BuildSpec.from_json(data, str(request))]
 
 
-def _result(key: str, outcome: str) -> None:
-    """Tell the parent what this request did for ``key``: ``built``, or ``reused`` (an identical request elsewhere
-    finished it while this one waited for the key lock)."""
-    print(PROGRESS_PREFIX + json.dumps({"result": outcome, "key": key}), flush=True)
-
-
 def run(request: Path, root: Path) -> int:
     specs = list({s.key: s for s in read_request(request)}.values())
     entries = {s.key: _QueueEntry(root, s.key) for s in specs}
@@ -158,7 +151,7 @@ def run(request: Path, root: Path) -> int:
             for s in specs:
                 if s not in todo:
                     emit(1.0, "done", f"reusing {root / s.key}")
-                    _result(s.key, "reused")
+                    result(s.key, "reused")
             if not todo:
                 return 0
             clean_stale_tmp(root, holding=set(entries))
@@ -186,7 +179,7 @@ def run(request: Path, root: Path) -> int:
                     os.rename(tmp, root / spec.key)  # the one step that makes the build look finished
                     entries[spec.key].remove()
                     emit((len(todo) - len(tmps)) / len(todo), "done", str(root / spec.key))
-                    _result(spec.key, "built")
+                    result(spec.key, "built")
             finally:
                 for tmp in tmps.values():
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -203,15 +196,7 @@ def main(argv: list[str]) -> int:
         return 2
 
     quiet_coremltools()
-    try:
-        return run(Path(argv[0]), Path(argv[1]))
-    except QfoldError as e:
-        print(PROGRESS_PREFIX + json.dumps({"error": str(e)}), flush=True)
-        return 1
-    except Exception as e:  # the parent shows this line; the traceback goes to the log
-        traceback.print_exc()
-        print(PROGRESS_PREFIX + json.dumps({"error": f"{type(e).__name__}: {e}"[:500]}), flush=True)
-        return 1
+    return report_errors(lambda: run(Path(argv[0]), Path(argv[1])))
 
 
 if __name__ == "__main__":

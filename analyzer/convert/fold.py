@@ -51,12 +51,11 @@ from analyzer.graph.passes import gqa_fold
 from analyzer.graph.passes.package import fold_package, package_digest
 from analyzer.graph.passes.proof import DEFAULT_STEPS, FoldProof, folded_check, prove_fold
 from analyzer.graph.record import ANALYSIS_FILE, Analysis, load_analysis, write_analysis
-from analyzer.model.spec import FOLD_VARIANT, MATERIALISED_MODE, BuildSpec
+from analyzer.model.spec import FOLD_BASE_VARIANT, FOLD_VARIANT, BuildSpec, check_fold_route
 
 if TYPE_CHECKING:  # the pass imports coremltools; importing this module (CLI --help) must stay light
     from analyzer.graph.passes.package import FoldReport
 
-FOLD_BASE_VARIANT = "repeat_kv"
 MAX_SPEC_BYTES = 1 << 20  # an input spec names a few inputs
 
 
@@ -338,14 +337,7 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
                  on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
     """The ``repeat_kv+fold`` build of ``spec`` (a ``repeat_kv`` spec): convert (or reuse) the repeat_kv build,
     fold its package, prove the fold in the interpreter, and write a build folder beside it."""
-    if spec.build_mode != MATERIALISED_MODE:
-        raise FoldError(f"a {FOLD_VARIANT} build folds a saved package and proves it in the MIL interpreter, which "
-                        f"needs weight values: its {FOLD_BASE_VARIANT} build must be materialised, not "
-                        f"{spec.build_mode}")
-    if spec.phase != "decode":
-        raise FoldError(f"--phase {spec.phase}: a {FOLD_VARIANT} build folds the decode step only; build the "
-                        f"prefill package with --variant {FOLD_BASE_VARIANT} and fold it with "
-                        "`qfold fold` (the pass handles q_len > 1; the interpreter's proof runs decode)")
+    check_fold_route(spec)
     t0 = time.monotonic()
     root = builds_dir(root)
     key = folded_build_key(spec)

@@ -121,6 +121,25 @@ def run_builds(specs: list[BuildSpec] | tuple[BuildSpec, ...], root: str | Path 
     return [BuildResult(s.key, root / s.key, s.key not in built, seconds if s.key in built else 0.0) for s in specs]
 
 
+def run_folded_build(spec: BuildSpec, root: str | Path | None = None,
+                     on_progress: Callable[[Progress], None] | None = None,
+                     timeout_s: float | None = None) -> BuildResult:
+    """The ``repeat_kv+fold`` build of ``spec``, a ``repeat_kv`` spec built first (``run_builds``): folded,
+    proven and written beside it by a child process (``analyzer.convert.fold_child``), so that the fold pass's
+    coremltools loads there and not in the caller."""
+    t0 = time.monotonic()
+    root = builds_dir(root)
+    root.mkdir(parents=True, exist_ok=True)
+    request, log_path = request_paths(root, f"{spec.key}-fold")
+    request.write_text(json.dumps(spec.to_json(), indent=1))
+    cmd = [sys.executable, "-m", "analyzer.convert.fold_child", str(request), str(root)]
+    outcomes = run_child(f"{spec.key} (folded)", cmd, log_path, on_progress, timeout_s, t0)
+    if len(outcomes) != 1 or not is_complete(root / next(iter(outcomes))):
+        raise BuildError(f"fold of {spec.key} failed: the fold ended without a finished build (log: {log_path})")
+    ((key, outcome),) = outcomes.items()
+    return BuildResult(key, root / key, outcome == "reused", 0.0 if outcome == "reused" else time.monotonic() - t0)
+
+
 def _convert_in_child(specs: list[BuildSpec], root: Path, on_progress, timeout_s: float | None,
                       t0: float) -> dict[str, str]:
     """Convert ``specs`` in one child; returns key → "built" or "reused" (an identical request elsewhere may

@@ -8,8 +8,11 @@ import json
 import resource
 import sys
 import time
+import traceback
+from collections.abc import Callable
 
 from analyzer.convert.launch import PROGRESS_PREFIX
+from analyzer.errors import QfoldError
 
 T0 = time.monotonic()
 LOG: list[str] = []
@@ -20,6 +23,26 @@ def emit(fraction: float, stage: str, message: str) -> None:
     LOG.append(line)
     print(PROGRESS_PREFIX + json.dumps({"fraction": round(fraction, 3), "stage": stage, "message": message}),
           flush=True)
+
+
+def result(key: str, outcome: str) -> None:
+    """Tell the parent what this request did for ``key``: ``built``, or ``reused`` (an identical request elsewhere
+    finished it while this one waited for the key lock)."""
+    print(PROGRESS_PREFIX + json.dumps({"result": outcome, "key": key}), flush=True)
+
+
+def report_errors(run: Callable[[], int]) -> int:
+    """A child's exit code: ``run()``'s, or 1 with the error as the parent's last line (``{"error": ...}``): a
+    QfoldError's own message, any other exception's type and message (its traceback goes to the log)."""
+    try:
+        return run()
+    except QfoldError as e:
+        print(PROGRESS_PREFIX + json.dumps({"error": str(e)}), flush=True)
+        return 1
+    except Exception as e:  # the parent shows this line; the traceback goes to the log
+        traceback.print_exc()
+        print(PROGRESS_PREFIX + json.dumps({"error": f"{type(e).__name__}: {e}"[:500]}), flush=True)
+        return 1
 
 
 def peak_rss_bytes(platform: str = sys.platform) -> int:

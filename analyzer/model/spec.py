@@ -15,7 +15,7 @@ from importlib.metadata import version
 from typing import Any
 
 import analyzer
-from analyzer.errors import AnalysisFileError, QfoldError, SourceError
+from analyzer.errors import AnalysisFileError, FoldError, QfoldError, SourceError
 from analyzer.jsonfields import Field
 from analyzer.model.backends import (
     BACKENDS,
@@ -55,6 +55,7 @@ BUILD_MODES: dict[str, str] = {
 }
 # A build route, not an attention variant: repeat_kv converted, then folded by qfold's pass (analyzer.convert.fold).
 FOLD_VARIANT = "repeat_kv+fold"
+FOLD_BASE_VARIANT = "repeat_kv"  # the variant that route converts and folds
 SOURCE_KINDS = ("preset", "config", "folder")
 # How the numerical check is made (part of the key: changing it changes every analysis document).
 EQUIVALENCE_MODEL = "reduced-2-layers-random"
@@ -256,3 +257,16 @@ class BuildSpec:
             f[e.field_name].fail(f"expected one of {', '.join(e.allowed)}, got {e.value!r}")
         except QfoldError as e:
             f.fail(str(e))
+
+
+def check_fold_route(spec: BuildSpec) -> None:
+    """Refuse a ``repeat_kv+fold`` build (``spec``: its repeat_kv spec) that the route cannot make, before anything
+    is converted: the fold is proven in the MIL interpreter on weight values, and on the decode step."""
+    if spec.build_mode != MATERIALISED_MODE:
+        raise FoldError(f"a {FOLD_VARIANT} build folds a saved package and proves it in the MIL interpreter, which "
+                        f"needs weight values: its {FOLD_BASE_VARIANT} build must be materialised, not "
+                        f"{spec.build_mode}")
+    if spec.phase != "decode":
+        raise FoldError(f"--phase {spec.phase}: a {FOLD_VARIANT} build folds the decode step only; build the "
+                        f"prefill package with --variant {FOLD_BASE_VARIANT} and fold it with "
+                        "`qfold fold` (the pass handles q_len > 1; the interpreter's proof runs decode)")
