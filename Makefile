@@ -9,7 +9,7 @@ FULLSIZE_LOCK ?=
 .PHONY: app test lint shipped
 
 # pip does not compile every installed module to bytecode (~85 s of a ~150 s install here: torch, transformers,
-# ray, sympy, ... hold ~18,000 modules); Python compiles a module the first time a run imports it and writes the
+# ray, sympy, ... hold ~19,000 modules); Python compiles a module the first time a run imports it and writes the
 # .pyc beside it. So make's commands clear PYTHONDONTWRITEBYTECODE (an empty value is unset to Python): with it set,
 # every process would compile its imports again.
 export PYTHONDONTWRITEBYTECODE :=
