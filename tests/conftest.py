@@ -14,6 +14,7 @@ Tests marked ``full`` (full-size conversions, ~15 GB each) run only with ``QFOLD
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,41 @@ def preset_packages(builds_root):
         return path
 
     return package
+
+
+@pytest.fixture(scope="session")
+def server(tiny_builds) -> Iterator[str]:
+    """The dashboard (``streamlit run app.py``) on the session's builds folder, one per worker for every browser
+    module: a server's first page views import the analyzer (~5-10 s of CPU each time a server starts). A module
+    whose pages need other data starts its own (tests/test_bad_inputs_browser.py)."""
+    from tests.test_browser import streamlit_server  # skips the browser modules where chromium is missing
+
+    with streamlit_server(next(iter(tiny_builds.values())).parent) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless chromium per worker; each test gets a browser context of its own (``page``)."""
+    from tests.test_browser import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(server, browser):
+    """A page on the session's server in a fresh browser context (no cookies, no storage)."""
+    from tests.test_browser import WAIT_MS
+
+    context = browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(WAIT_MS)
+        pg.goto(server, timeout=WAIT_MS)
+        yield pg
+    finally:
+        context.close()
 
 
 COREAI_VARIANTS = ("repeat_kv", "qfold", "sdpa_gqa")

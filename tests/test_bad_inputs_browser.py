@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -21,13 +18,12 @@ import pytest
 
 from tests.bad_input_packages import gqa_package
 from tests.test_bad_inputs_app import DEVICE, PACKAGE_NAME, PACKAGE_PARENT, PAYLOAD_LOG
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, assert_no_crash, free_port, go, upload
+from tests.test_browser import CHROMIUM, WAIT_MS, assert_no_crash, go, streamlit_server, upload
 
 pytestmark = pytest.mark.browser
 
 if not CHROMIUM.exists():
     pytest.skip(f"{CHROMIUM} is missing", allow_module_level=True)
-from playwright import sync_api  # noqa: E402 (after the chromium check)
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "198.51.100.7"  # TEST-NET-2 (RFC 5737): nothing answers there
@@ -36,33 +32,6 @@ PAYLOADS = {"a": f"![x](http://{HOST}/x.png)", "b": f"[Session expired: sign in 
 PAGES = ("", "builds", "device_logs", "bandwidth", "sweeps", "export")
 READY = {"": "is not among the analyses", "builds": "Cached builds", "device_logs": "Accepted runs",
          "bandwidth": "Fits per device", "sweeps": "Run the sweep", "export": "A/B report"}  # text once drawn
-
-
-@contextlib.contextmanager
-def _streamlit(builds: Path, data: Path) -> Iterator[str]:
-    port = free_port()
-    env = dict(os.environ, QFOLD_BUILDS=str(builds), QFOLD_DATA_ROOTS=str(data), PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("streamlit did not start")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -84,22 +53,21 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(data) -> Iterator[str]:
-    with _streamlit(data / "builds", data) as url:
+    with streamlit_server(data / "builds", QFOLD_DATA_ROOTS=str(data)) as url:
         yield url
 
 
 @contextlib.contextmanager
-def _page(url: str, requested: list[str], dialogs: list[str]):
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, timeout=WAIT_MS)
-        try:
-            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-            page.set_default_timeout(3 * WAIT_MS)  # a first page view imports the analyzer: slow on a busy machine
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            page.context.on("request", lambda r: requested.append(r.url))
-            yield page
-        finally:
-            browser.close()
+def _page(browser, requested: list[str], dialogs: list[str]):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(3 * WAIT_MS)  # a first page view imports the analyzer: slow on a busy machine
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        context.on("request", lambda r: requested.append(r.url))
+        yield page
+    finally:
+        context.close()
 
 
 def _assert_text_only(page, where: str) -> None:
@@ -122,11 +90,11 @@ def _outside(server: str, requested: list[str]) -> list[str]:
                    and urllib.parse.urlparse(u).netloc != own})
 
 
-def test_link_payloads_are_plain_text_on_every_page(server):
+def test_link_payloads_are_plain_text_on_every_page(server, browser):
     query = urllib.parse.urlencode(PAYLOADS)
     dialogs: list[str] = []
     requested: list[str] = []
-    with _page(server, requested, dialogs) as page:
+    with _page(browser, requested, dialogs) as page:
         for path in PAGES:
             page.goto(f"{server}/{path}?{query}")
             page.get_by_text(READY[path]).first.wait_for()
@@ -141,13 +109,13 @@ def test_link_payloads_are_plain_text_on_every_page(server):
     assert requested and not _outside(server, requested)
 
 
-def test_device_and_package_payloads_are_plain_text(server, data):
+def test_device_and_package_payloads_are_plain_text(server, data, browser):
     """A log's device name (the fitted bandwidth's source, the measured card, the Bandwidth page's captions and
     chart legends) and a package's name and folder (the A/B pickers, headings and charts, the Export page)."""
     dialogs: list[str] = []
     requested: list[str] = []
     package = str(data.joinpath(*PACKAGE_PARENT, PACKAGE_NAME))
-    with _page(server, requested, dialogs) as page:
+    with _page(browser, requested, dialogs) as page:
         page.goto(f"{server}/device_logs?bw=fitted")
         upload(page, str(data / "payload-log.csv"))
         page.locator("code", has_text="onerror=alert(2)").first.wait_for()  # its build label's mapping: read
@@ -174,10 +142,10 @@ def test_device_and_package_payloads_are_plain_text(server, data):
     assert requested and not _outside(server, requested)
 
 
-def test_bad_paths_and_a_missing_spec_are_messages(server, data):
+def test_bad_paths_and_a_missing_spec_are_messages(server, data, browser):
     dialogs: list[str] = []
     requested: list[str] = []
-    with _page(server, requested, dialogs) as page:
+    with _page(browser, requested, dialogs) as page:
         page.goto(f"{server}/builds?{urllib.parse.urlencode({'pkg': str(data / 'gqa.mlpackage')})}")
         field = page.get_by_label("Path of the .mlpackage or .aimodel on this server")
         for typed in ("~nosuchuser/model.mlpackage", str(data / "loop.mlpackage")):
@@ -192,9 +160,9 @@ def test_bad_paths_and_a_missing_spec_are_messages(server, data):
     assert not dialogs, dialogs
 
 
-def test_a_builds_folder_that_is_a_file_is_a_message_on_every_page(data):
-    with _streamlit(data / "payload-log.csv", data) as url:
-        with _page(url, [], []) as page:
+def test_a_builds_folder_that_is_a_file_is_a_message_on_every_page(data, browser):
+    with streamlit_server(data / "payload-log.csv", QFOLD_DATA_ROOTS=str(data)) as url:
+        with _page(browser, [], []) as page:
             for path in PAGES:
                 page.goto(f"{url}/{path}")
                 page.get_by_text("the builds folder is not a folder").first.wait_for()

@@ -7,11 +7,13 @@ Playwright never downloads a browser here (no ``playwright install``): it drives
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -44,20 +46,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_builds) -> Iterator[str]:
-    builds = next(iter(tiny_builds.values())).parent
+@contextlib.contextmanager
+def streamlit_server(builds: Path, **env: str) -> Iterator[str]:
+    """``streamlit run app.py`` on ``builds`` (and ``env``), answering on a free port: its URL."""
     port = free_port()
-    env = dict(os.environ, QFOLD_BUILDS=str(builds), PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a pipe nobody reads stops a long-lived server when full
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, QFOLD_BUILDS=str(builds), PYTHONPATH=str(REPO), **env),
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_START_S
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"streamlit exited with {proc.returncode}: {proc.stdout.read()[-2000:]}")
+                log.seek(0)
+                pytest.fail(f"streamlit exited with {proc.returncode}: {log.read()[-2000:]}")
             try:
                 with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
                     if r.status == 200:
@@ -75,18 +79,15 @@ def server(tiny_builds) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+        log.close()
 
 
-@pytest.fixture
-def page(server):
+@contextlib.contextmanager
+def chromium() -> Iterator[sync_api.Browser]:
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, timeout=WAIT_MS)
         try:
-            context = browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
-            pg = context.new_page()
-            pg.set_default_timeout(WAIT_MS)
-            pg.goto(server, timeout=WAIT_MS)
-            yield pg
+            yield browser
         finally:
             browser.close()
 

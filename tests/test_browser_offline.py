@@ -7,7 +7,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.test_browser import assert_no_crash, go, page, server  # noqa: F401  (fixtures)
+from tests.test_browser import assert_no_crash, go
 
 pytestmark = pytest.mark.browser
 
@@ -15,7 +15,7 @@ PAGES = {"": "A/B", "builds": "Builds", "device_logs": "Device logs", "bandwidth
          "sweeps": "Sweeps", "export": "Export"}
 
 
-def test_a_session_requests_nothing_outside_the_app(page, server):  # noqa: F811
+def test_a_session_requests_nothing_outside_the_app(page, server):
     requested: list[str] = []
     page.context.on("request", lambda r: requested.append(r.url))
     for path in PAGES:

@@ -20,7 +20,7 @@ from analyzer.graph.record import load_analysis
 from analyzer.model.sources import resolve_source
 from analyzer.model.spec import BuildSpec
 from tests.conftest import TINY_CTX, TINY_OVERRIDES
-from tests.test_browser import REPO, WAIT_MS, assert_no_crash, page, server, sync_api  # noqa: F401  (fixtures)
+from tests.test_browser import REPO, WAIT_MS, assert_no_crash, sync_api
 
 pytestmark = pytest.mark.browser
 
@@ -47,7 +47,7 @@ def shown(pg, label: str) -> str:
     return pg.get_by_role("combobox", name=label).input_value()
 
 
-def test_the_mlpackage_download_unzips_to_a_package_inspect_reads(page, server, tiny_builds, tmp_path):  # noqa: F811
+def test_the_mlpackage_download_unzips_to_a_package_inspect_reads(page, server, tiny_builds, tmp_path):
     key = tiny_builds["qfold"].name
     page.goto(f"{server}/export?a=build:{key}&b=build:{key}")
     button = page.get_by_role("button", name="Download the .mlpackage (zip)")
@@ -71,7 +71,7 @@ def test_the_mlpackage_download_unzips_to_a_package_inspect_reads(page, server, 
     assert_no_crash(page)
 
 
-def test_a_running_conversion_shows_a_running_state(page, server, tiny_builds):  # noqa: F811
+def test_a_running_conversion_shows_a_running_state(page, server, tiny_builds):
     page.goto(f"{server}/builds")
     page.get_by_text("New build").first.wait_for()
     pick(page, "Preset", "qwen3-0.6b")
@@ -94,7 +94,7 @@ def test_a_running_conversion_shows_a_running_state(page, server, tiny_builds): 
     assert_no_crash(page)
 
 
-def test_an_ab_of_two_models_says_so(page, server, tiny_builds, other_model):  # noqa: F811
+def test_an_ab_of_two_models_says_so(page, server, tiny_builds, other_model):
     page.goto(server)
     page.get_by_text("tile ops, A → B").first.wait_for()
     pick(page, "A (baseline)", f"build {tiny_builds['repeat_kv'].name.rsplit('-', 1)[1]}")
@@ -105,7 +105,7 @@ def test_an_ab_of_two_models_says_so(page, server, tiny_builds, other_model):  #
     assert_no_crash(page)
 
 
-def test_reloading_the_ab_page_keeps_the_pair(page, server, tiny_builds):  # noqa: F811
+def test_reloading_the_ab_page_keeps_the_pair(page, server, tiny_builds):
     page.get_by_text("tile ops, A → B").first.wait_for()
     pick(page, "A (baseline)", f"build {tiny_builds['repeat_kv'].name.rsplit('-', 1)[1]}")
     pick(page, "B (candidate)", f"build {tiny_builds['qfold'].name.rsplit('-', 1)[1]}")
@@ -121,7 +121,7 @@ def test_reloading_the_ab_page_keeps_the_pair(page, server, tiny_builds):  # noq
     assert_no_crash(page)
 
 
-def test_a_core_ai_ab_names_the_backend_then_opens_its_twin(page, server, tiny_builds, coreai_builds):  # noqa: F811
+def test_a_core_ai_ab_names_the_backend_then_opens_its_twin(page, server, tiny_builds, coreai_builds):
     """Core ML repeat_kv vs Core AI Q-fold (issue 19): the pickers say which is Core AI, the apples-to-apples warning
     names the backend, and B's matching pair is the Core AI repeat_kv build (a twin shares the backend)."""
     page.get_by_text("tile ops, A → B").first.wait_for(timeout=3 * WAIT_MS)  # a fresh server's first page: slow

@@ -9,14 +9,7 @@ import pytest
 
 from analyzer.report.catalog import shipped_analyses
 from analyzer.report.graphview import dot_binary
-from tests.test_browser import (  # noqa: F401  (server: the fixture that starts the app on the tiny builds)
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    WAIT_MS,
-    assert_no_crash,
-    server,
-    sync_api,
-)
+from tests.test_browser import WAIT_MS, assert_no_crash
 
 pytestmark = [
     pytest.mark.browser,
@@ -27,19 +20,18 @@ ROW_PX = 35  # Streamlit's dataframe row height (header row the same)
 
 
 @pytest.fixture
-def watched_page(server):  # noqa: F811
+def watched_page(server, browser):
     """A page on the app, with every URL it requests recorded."""
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, timeout=WAIT_MS)
-        try:
-            pg = browser.new_context(viewport={"width": 1500, "height": 1000}).new_page()
-            pg.set_default_timeout(WAIT_MS)
-            requested: list[str] = []
-            pg.on("request", lambda r: requested.append(r.url))
-            pg.goto(server, timeout=WAIT_MS)
-            yield pg, server, requested
-        finally:
-            browser.close()
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(WAIT_MS)
+        requested: list[str] = []
+        pg.on("request", lambda r: requested.append(r.url))
+        pg.goto(server, timeout=WAIT_MS)
+        yield pg, server, requested
+    finally:
+        context.close()
 
 
 def _graphs(page, layer: str):

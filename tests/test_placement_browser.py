@@ -10,7 +10,7 @@ from analyzer.graph.record import load_analysis
 from analyzer.report.catalog import shipped_analyses
 from analyzer.report.graphview import dot_binary
 from tests.placement_plans import all_ane, plan_bytes, slice_update_on_cpu
-from tests.test_browser import REPO, assert_no_crash, page, server  # noqa: F401 (page and server are fixtures)
+from tests.test_browser import REPO, assert_no_crash
 
 pytestmark = [
     pytest.mark.browser,
@@ -19,7 +19,7 @@ pytestmark = [
 SHIPPED = REPO / "analyzer" / "shipped"
 
 
-def test_placement_of_a_and_b_and_the_warning_when_b_moves_ops_off_the_neural_engine(page, tmp_path):  # noqa: F811
+def test_placement_of_a_and_b_and_the_warning_when_b_moves_ops_off_the_neural_engine(page, tmp_path):
     # the page opens on the pair the example device logs measured: the top8 repeat_kv / Q-fold analyses
     plans = {}
     for side, variant, rule in (("A", "repeat_kv", all_ane), ("B", "qfold", slice_update_on_cpu)):
