@@ -103,13 +103,14 @@ def cmd_build(args) -> int:
     def progress(p) -> None:
         print(f"[{p.fraction * 100:3.0f}%] {p.stage}: {p.message}", file=sys.stderr, flush=True)
 
-    if FOLD_VARIANT in variants:
-        check_fold_route(spec_of(FOLD_VARIANT))
+    specs = {v: spec_of(v) for v in variants}
+    if FOLD_VARIANT in specs:
+        check_fold_route(specs[FOLD_VARIANT])
     # one child converts every variant, the folded route's repeat_kv build included; the fold runs in its own child
-    built = dict(zip(variants, run_builds([spec_of(v) for v in variants], args.builds_dir, on_progress=progress,
+    built = dict(zip(variants, run_builds(list(specs.values()), args.builds_dir, on_progress=progress,
                                           force_ctx=args.force_ctx), strict=True))
-    if FOLD_VARIANT in variants:
-        built[FOLD_VARIANT] = run_folded_build(spec_of(FOLD_VARIANT), args.builds_dir, on_progress=progress)
+    if FOLD_VARIANT in specs:
+        built[FOLD_VARIANT] = run_folded_build(specs[FOLD_VARIANT], args.builds_dir, on_progress=progress)
     for v in variants:
         result = built[v]
         print(f"{'reused' if result.reused else 'built'} {result.key} in {result.seconds:.1f} s", file=sys.stderr)

@@ -129,10 +129,7 @@ def run_folded_build(spec: BuildSpec, root: str | Path | None = None,
     coremltools loads there and not in the caller."""
     t0 = time.monotonic()
     root = builds_dir(root)
-    root.mkdir(parents=True, exist_ok=True)
-    request, log_path = request_paths(root, f"{spec.key}-fold")
-    request.write_text(json.dumps(spec.to_json(), indent=1))
-    cmd = [sys.executable, "-m", "analyzer.convert.fold_child", str(request), str(root)]
+    cmd, log_path = _child_request(root, f"{spec.key}-fold", spec.to_json(), "analyzer.convert.fold_child")
     outcomes = run_child(f"{spec.key} (folded)", cmd, log_path, on_progress, timeout_s, t0)
     if len(outcomes) != 1 or not is_complete(root / next(iter(outcomes))):
         raise BuildError(f"fold of {spec.key} failed: the fold ended without a finished build (log: {log_path})")
@@ -144,11 +141,8 @@ def _convert_in_child(specs: list[BuildSpec], root: Path, on_progress, timeout_s
                       t0: float) -> dict[str, str]:
     """Convert ``specs`` in one child; returns key → "built" or "reused" (an identical request elsewhere may
     have finished a build while this one waited for its key lock)."""
-    root.mkdir(parents=True, exist_ok=True)
     name = specs[0].key if len(specs) == 1 else f"{specs[0].key}+{len(specs) - 1}"
-    request, log_path = request_paths(root, name)
-    request.write_text(json.dumps({"specs": [s.to_json() for s in specs]}, indent=1))
-    cmd = [sys.executable, "-m", "analyzer.convert.child", str(request), str(root)]
+    cmd, log_path = _child_request(root, name, {"specs": [s.to_json() for s in specs]}, "analyzer.convert.child")
     what = specs[0].key if len(specs) == 1 else " + ".join(s.key for s in specs)
     outcomes = run_child(what, cmd, log_path, on_progress, timeout_s, t0)
     unfinished = [s.key for s in specs if not is_complete(root / s.key)]
@@ -156,6 +150,14 @@ def _convert_in_child(specs: list[BuildSpec], root: Path, on_progress, timeout_s
         raise BuildError(f"build {' + '.join(unfinished)} failed: the conversion ended without a finished build "
                          f"(log: {log_path})")
     return {s.key: outcomes.get(s.key, "built") for s in specs}
+
+
+def _child_request(root: Path, name: str, request: dict, module: str) -> tuple[list[str], Path]:
+    """(command, log path) of a child ``module`` run on ``request``, written to its own request file in ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    path, log_path = request_paths(root, name)
+    path.write_text(json.dumps(request, indent=1))
+    return [sys.executable, "-m", module, str(path), str(root)], log_path
 
 
 def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[Progress], None] | None = None,
