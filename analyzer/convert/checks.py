@@ -26,15 +26,13 @@ import copy
 import hashlib
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from analyzer import quiet_coremltools
-from analyzer.convert.progress import emit
+from analyzer.convert.progress import emit, worker_pool
 from analyzer.errors import QfoldError
 from analyzer.fsio import read_json, write_json_atomic
 from analyzer.graph.buildinfo import EquivalenceCheck, equivalence_from_json, equivalence_json
@@ -240,7 +238,7 @@ class ReducedEquivalences:
                 self.pending[digest] = spec.to_json()
                 continue
             if self.pool is None:
-                self.pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+                self.pool = worker_pool(1)
             from analyzer.convert.checks import check_reduced_equivalence as job  # a module name the worker imports
 
             self.futures[digest] = self.pool.submit(job, spec.to_json())

@@ -17,10 +17,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ from analyzer.convert.checks import (
 from analyzer.convert.compress import compress_model, needs_untie, parse_spec
 from analyzer.convert.header_blobs import compress_program, to_program, walk_program
 from analyzer.convert.launch import PACKAGE_NAME
-from analyzer.convert.progress import Clock, emit, peak_rss_bytes
+from analyzer.convert.progress import Clock, emit, peak_rss_bytes, worker_pool
 from analyzer.convert.step import convert_step, trace_step
 from analyzer.graph.buildinfo import BuildInfo
 from analyzer.graph.mil_reader import list_functions, read_program
@@ -209,8 +207,9 @@ def value_free_programs(spec: BuildSpec, out_dir: Path, progress=None) -> tuple[
 
 
 def value_free_job(spec_json: dict, out_dir: str) -> dict:
-    """:func:`value_free_programs` in a worker process (``spawn``: a fresh interpreter, no state shared with
-    the build child): the programs as ``program_json``, the timings, the untie flag and the worker's peak RSS."""
+    """:func:`value_free_programs` in a worker process (``progress.worker_pool``: forked from the build child before
+    it converts anything, on Linux): the programs as ``program_json``, the timings, the untie flag and the worker's
+    peak RSS (a forked worker's counts the pages it shares with the child, as a spawned one counted its imports)."""
     import torch
 
     quiet_coremltools()
@@ -228,7 +227,7 @@ class _Workers:
     def __init__(self, specs: list[BuildSpec], out_dirs):
         # none for models of the reduced model's size either: they convert before a worker would have started
         n = 0 if all(is_reduced_size(s) for s in specs) else min(len(specs), (os.cpu_count() or 1) - 1)
-        self.pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")) if n > 0 else None
+        self.pool = worker_pool(n) if n > 0 else None
         self.futures = {s.key: self.pool.submit(value_free_job, s.to_json(), str(out_dirs[s.key])) for s in specs} \
             if self.pool else {}
 

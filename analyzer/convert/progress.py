@@ -10,6 +10,8 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 from analyzer.convert.launch import PROGRESS_PREFIX
 from analyzer.errors import QfoldError
@@ -49,6 +51,15 @@ def peak_rss_bytes(platform: str = sys.platform) -> int:
     """Peak resident memory of this process so far, in bytes. getrusage(2) gives ``ru_maxrss`` in kilobytes on
     Linux (Linux man-pages, getrusage(2)) and in bytes on macOS (Darwin's getrusage(2) man page)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if platform == "darwin" else 1024)
+
+
+def worker_pool(max_workers: int, platform: str = sys.platform) -> ProcessPoolExecutor:
+    """Worker processes beside the child (the equivalence check, an A/B's other variants). On Linux they fork from
+    the child, which has already imported torch, transformers and coremltools: a ``spawn`` worker imported them
+    again, ~10 s of CPU each. A worker sets its own torch thread count before it computes, as PyTorch's
+    DataLoader workers do after a fork. On macOS they spawn (Apple's frameworks are not fork-safe)."""
+    method = "fork" if platform.startswith("linux") else "spawn"
+    return ProcessPoolExecutor(max_workers=max_workers, mp_context=get_context(method))
 
 
 class Clock:
