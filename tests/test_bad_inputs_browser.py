@@ -18,7 +18,7 @@ import pytest
 
 from tests.bad_input_packages import gqa_package
 from tests.test_bad_inputs_app import DEVICE, PACKAGE_NAME, PACKAGE_PARENT, PAYLOAD_LOG
-from tests.test_browser import CHROMIUM, WAIT_MS, assert_no_crash, go, streamlit_server, upload
+from tests.test_browser import CHROMIUM, WAIT_MS, assert_no_crash, go, settle, streamlit_server, upload
 
 pytestmark = pytest.mark.browser
 
@@ -98,7 +98,7 @@ def test_link_payloads_are_plain_text_on_every_page(server, browser):
         for path in PAGES:
             page.goto(f"{server}/{path}?{query}")
             page.get_by_text(READY[path]).first.wait_for()
-            page.wait_for_timeout(1500)  # charts drawn
+            settle(page)  # charts drawn
             _assert_text_only(page, path)
             if path == "":  # the A/B page says what the link asked for, as the characters it is
                 body = page.locator("body").inner_text()
@@ -124,14 +124,14 @@ def test_device_and_package_payloads_are_plain_text(server, data, browser):
                             ("Export", "A/B report")):
             go(page, name)
             page.get_by_text(ready).first.wait_for()
-            page.wait_for_timeout(2000)  # charts drawn
+            settle(page)  # charts drawn
             _assert_text_only(page, name)
             if name == "A/B":
                 assert DEVICE in page.locator("body").inner_text()  # shown, as the characters it is
         query = urllib.parse.urlencode({"pkg": package, "b": f"package:{package}"})
         page.goto(f"{server}/?{query}")
         page.get_by_text("tile ops").first.wait_for()
-        page.wait_for_timeout(2000)
+        settle(page)
         _assert_text_only(page, "A/B with the package")
         shown = PACKAGE_NAME.removesuffix(".mlpackage").replace("<", "&lt;").replace(">", "&gt;")
         assert shown in page.content()  # in the picker and the tabs' headings, as text

@@ -101,6 +101,28 @@ def upload(page, files) -> None:
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(files)
 
 
+# The page is idle: no script run in progress (Streamlit's status widget shows its running icon only during one) and
+# every plotly chart drawn (its SVG is in the page).
+IDLE_JS = """() => !document.querySelector('[data-testid="stStatusWidgetRunningIcon"]')
+    && [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('svg.main-svg'))"""
+
+
+def settle(page, quiet_s: float = 0.5, timeout_s: float = WAIT_MS / 1000) -> None:
+    """Wait until the page has been idle for ``quiet_s`` (a click's rerun starts within that): what a fixed
+    wait hoped for, checked, so a slow machine waits longer and a fast one does not wait for nothing."""
+    deadline = time.monotonic() + timeout_s
+    since = None
+    while time.monotonic() < deadline:
+        if not page.evaluate(IDLE_JS):
+            since = None
+        elif since is None:
+            since = time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the page was not idle for {quiet_s} s within {timeout_s} s")
+
+
 def assert_no_crash(page) -> None:
     body = page.locator("body").inner_text()
     assert not CRASH_TEXT.search(body), body[-2000:]

@@ -7,7 +7,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.test_browser import assert_no_crash, go
+from tests.test_browser import assert_no_crash, go, settle
 
 pytestmark = pytest.mark.browser
 
@@ -21,11 +21,11 @@ def test_a_session_requests_nothing_outside_the_app(page, server):
     for path in PAGES:
         page.goto(f"{server}/{path}")
         page.locator('[data-testid="stSidebarNav"]').first.wait_for()
-        page.wait_for_timeout(1500)
+        settle(page)
         assert_no_crash(page)
     for name in PAGES.values():
         go(page, name)
-        page.wait_for_timeout(1500)
+        settle(page)
         assert_no_crash(page)
     own = urlparse(server).netloc
     outside = sorted({u for u in requested if urlparse(u).scheme in ("http", "https") and urlparse(u).netloc != own})
