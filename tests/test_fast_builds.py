@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.convert.launch import LOG_FILE, PACKAGE_NAME
+from analyzer.convert.launch import LOG_FILE, PACKAGE_NAME, run_builds
 from analyzer.errors import SourceError
 from analyzer.graph.record import read_analysis_file
 from analyzer.model.cost import MEMORY_LIMIT_ENV, check_request, estimate
 from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
-from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE
+from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE, BuildSpec
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_ARGS = ("--structure", "--set", "num_hidden_layers=2", "--ctx", "256")
@@ -161,3 +161,16 @@ def test_cost_guards_admit_a_70b_analysis_on_a_16_gb_laptop(monkeypatch):
     assert cost.params > 70e9 and cost.peak_rss_bytes < 16e9
     with pytest.raises(SourceError, match="does not fit"):
         check_request(huge, 4096, mode=MATERIALISED_MODE)
+
+
+def test_a_corrupt_weights_file_is_refused_before_a_child_starts(tmp_path):
+    """run_builds reads the safetensors headers of a folder source first: a corrupt file is one line naming it,
+    with no conversion child started (no request or log written) and nothing in the builds folder."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(resolve_source(DEFAULT_PRESET).config_dict))
+    (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    builds = tmp_path / "builds"
+    with pytest.raises(SourceError, match=r"model\.safetensors: not a readable safetensors file"):
+        run_builds([BuildSpec(resolve_source(str(folder)), "qfold", "state", 64, build_mode=ANALYSIS_MODE)], builds)
+    assert not builds.exists() or not any(builds.rglob("*"))

@@ -42,7 +42,7 @@ from analyzer.graph.record import (
 )
 from analyzer.model.backends import COREML, require_coreai
 from analyzer.model.cost import check_request
-from analyzer.model.sources import load_config
+from analyzer.model.sources import load_config, safetensors_shapes
 from analyzer.model.spec import BuildSpec
 
 PACKAGE_NAME = "model.mlpackage"
@@ -115,6 +115,7 @@ def run_builds(specs: list[BuildSpec] | tuple[BuildSpec, ...], root: str | Path 
             require_coreai()
         check_request(load_config(s.source), s.ctx, force_ctx=force_ctx, mode=s.build_mode, backend=s.backend,
                       weights=s.weights)
+        safetensors_shapes(s.source)  # headers only: a corrupt weights file is refused before a child starts
     outcomes = _convert_in_child(missing, root, on_progress, timeout_s, t0) if missing else {}
     seconds = time.monotonic() - t0
     built = {k for k, outcome in outcomes.items() if outcome == "built"}

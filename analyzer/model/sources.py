@@ -21,6 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from safetensors import SafetensorError, safe_open
+
 from analyzer.errors import SourceError
 from analyzer.fsio import loads_strict, read_json
 from analyzer.model.families import check_family
@@ -277,6 +279,21 @@ def load_config_dict(raw: dict[str, Any]):
     except Exception as e:  # transformers' strict-dataclass validators raise their own error types
         detail = " ".join(str(e).split())
         raise SourceError(f"config (model_type={raw.get('model_type')!r}) is invalid: {detail}") from e
+
+
+def safetensors_shapes(source: ModelSource) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of a folder source's safetensors files, from their headers only (no tensor data is
+    read, nor torch imported): what a value-free build checks its model against, and what ``run_builds`` reads
+    before it starts a conversion child, so a corrupt or truncated file is refused at once."""
+    out: dict[str, tuple[int, ...]] = {}
+    for w in source.weights:
+        path = Path(source.ref) / w.name  # names come from a glob of that folder
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                out.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+        except (SafetensorError, OSError) as e:
+            raise SourceError(f"{path}: not a readable safetensors file ({e})") from e
+    return out
 
 
 def load_config(source: ModelSource):

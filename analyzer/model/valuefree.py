@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import math
 import mmap
-from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from analyzer.errors import SourceError
-from analyzer.model.sources import ModelSource, geometry_of, load_config, source_from_fingerprint
+from analyzer.model.sources import ModelSource, geometry_of, load_config, safetensors_shapes, source_from_fingerprint
 
 
 def empty_model(source: ModelSource, dtype: torch.dtype) -> nn.Module:
@@ -60,22 +58,6 @@ def check_weight_shapes(model: nn.Module, source: ModelSource, found: dict[str, 
     missing = [m for m in expected if m not in found and m not in tied and not m.endswith("inv_freq")]
     if missing:
         raise SourceError(f"{source.ref}: safetensors files lack {len(missing)} tensors, e.g. {missing[:3]}")
-
-
-def safetensors_shapes(source: ModelSource) -> dict[str, tuple[int, ...]]:
-    """Tensor name → shape of a folder source's safetensors files, from their headers only (no tensor data is
-    read): what a value-free build checks its model against."""
-
-
-    out: dict[str, tuple[int, ...]] = {}
-    for w in source.weights:
-        path = Path(source.ref) / w.name  # names come from a glob of that folder
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                out.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
-        except (SafetensorError, OSError) as e:
-            raise SourceError(f"{path}: not a readable safetensors file ({e})") from e
-    return out
 
 
 def zero_pages(shape, dtype: torch.dtype = torch.float16) -> torch.Tensor:
