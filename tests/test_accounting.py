@@ -3,12 +3,13 @@
 import pytest
 
 from analyzer.convert.child import convert_step
+from analyzer.convert.launch import PACKAGE_NAME
 from analyzer.graph.accounting import CATEGORIES, account
 from analyzer.graph.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, resolve_source
 
-from .conftest import TINY_OVERRIDES
+from .conftest import TINY_CTX, TINY_OVERRIDES
 
 pytestmark = pytest.mark.conversion
 
@@ -19,18 +20,19 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def accounts(model, tmp_path_factory):
-    out = {}
+def accounts(model, tiny_builds, tmp_path_factory):
+    """(variant, ctx) → the account of a real conversion of the tiny model: ctx 256 is the session's tiny pair
+    (the same source, converted by the build child), ctx 64 is converted here."""
+    out = {(v, TINY_CTX): account(read_program(path / PACKAGE_NAME)) for v, path in tiny_builds.items()}
     root = tmp_path_factory.mktemp("ctx")
-    for ctx in (64, 128, 512):
-        for variant in ("repeat_kv", "qfold"):
-            path = root / f"{variant}-{ctx}.mlpackage"
-            convert_step(DecodeStep(model, ctx, variant, "state").eval()).save(str(path))
-            out[variant, ctx] = account(read_program(path))
+    for variant in ("repeat_kv", "qfold"):
+        path = root / f"{variant}-64.mlpackage"
+        convert_step(DecodeStep(model, 64, variant, "state").eval()).save(str(path))
+        out[variant, 64] = account(read_program(path))
     return out
 
 
-@pytest.mark.parametrize("ctx", [64, 128, 512])
+@pytest.mark.parametrize("ctx", [64, TINY_CTX])
 def test_kv_read_is_the_whole_static_cache_and_scales_with_ctx(accounts, model, ctx):
     g = geometry_of(model.config)
     cache_bytes = g.num_layers * 2 * g.num_kv_heads * ctx * g.head_dim * 2
@@ -59,6 +61,6 @@ def test_every_byte_belongs_to_exactly_one_op_and_category(accounts):
 
 
 def test_views_move_nothing(accounts):
-    a = accounts["repeat_kv", 128]
+    a = accounts["repeat_kv", TINY_CTX]
     views = [o for o in a.ops if o.type in ("reshape", "expand_dims", "squeeze", "read_state", "write_state", "const")]
     assert views and all(o.total == 0 for o in views)
