@@ -48,8 +48,9 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     if out:
         own1, children1 = _cpu_s()
-        row = {"test": item.nodeid, "wall_s": round(time.monotonic() - t0, 2), "cpu_own_s": round(own1 - own0, 2),
-               "cpu_children_s": round(children1 - children0, 2)}
+        row = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+               "end_unix_s": round(time.time(), 2), "wall_s": round(time.monotonic() - t0, 2),
+               "cpu_own_s": round(own1 - own0, 2), "cpu_children_s": round(children1 - children0, 2)}
         with open(out, "a") as f:  # one short line per write: appends from two workers do not interleave
             f.write(json.dumps(row) + "\n")
 
@@ -85,9 +86,14 @@ def main(argv: list[str]) -> int:
         rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.is_file() else []
     cpu = sum(_cpu_s()[1:])  # everything pytest and its descendants used (each waited for by its parent)
     cores = os.cpu_count() or 1
+    ends: dict[str, float] = {}
+    for r in rows:
+        ends[r["worker"]] = max(ends.get(r["worker"], 0.0), r["end_unix_s"])
     result = {"command": " ".join(cmd[1:]), "exit_code": code, "tests": len(rows), "wall_s": round(wall, 1),
               "cpu_s": round(cpu, 1), "cores": cores, "cpu_floor_wall_s": round(cpu / cores, 1),
               "busy_cores": round(cpu / wall, 2) if wall else None,
+              # how long each worker sat idle at the end while another still ran tests
+              "worker_idle_at_end_s": {w: round(max(ends.values()) - e, 1) for w, e in sorted(ends.items())},
               "files": summarise(rows), "machine": machine()}
     data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if "latest" in data:
