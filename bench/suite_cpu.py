@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/suite_cpu.py                 # runs the suite as `make test` does, then writes the result
     .venv/bin/python bench/suite_cpu.py -- tests/test_x.py   # the same on some files only
+    QFOLD_SUITE_CPU_ROWS=rows.jsonl PYTEST_ADDOPTS="-p bench.suite_cpu" make test   # rows only, from make itself
 
 Runs ``pytest -n auto --dist loadfile --no-loadscope-reorder`` (the README's test command, after its install) with
 this module as a plugin: each test's wall time and the CPU its worker spent during it, its own and its waited-for
@@ -26,7 +27,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from fast import machine  # bench/fast.py (this folder: the script's, or PYTHONPATH as a plugin)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "suite_cpu.json"
@@ -72,14 +72,18 @@ def summarise(rows: list[dict], heaviest: int = 3) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from fast import machine  # bench/fast.py: the machine record of every bench result
+
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     with tempfile.TemporaryDirectory() as tmp:
         rows_path = Path(tmp) / "rows.jsonl"
-        env = dict(os.environ, **{ROWS_ENV: str(rows_path)},
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")])))
+        # the plugin is this module, imported as bench.suite_cpu from the checkout (pytest runs in it); never
+        # bench/ itself on the path: bench/coreai.py would shadow the coreai package
+        env = dict(os.environ, **{ROWS_ENV: str(rows_path)})
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # as make runs it
         cmd = [sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadfile", "--no-loadscope-reorder",
-               "-p", "suite_cpu", "-q", *extra]
+               "-p", "bench.suite_cpu", "-q", *extra]
         t0 = time.monotonic()
         code = subprocess.call(cmd, cwd=ROOT, env=env)
         wall = time.monotonic() - t0
