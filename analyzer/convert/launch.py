@@ -115,7 +115,8 @@ def run_builds(specs: list[BuildSpec] | tuple[BuildSpec, ...], root: str | Path 
             require_coreai()
         check_request(load_config(s.source), s.ctx, force_ctx=force_ctx, mode=s.build_mode, backend=s.backend,
                       weights=s.weights)
-        safetensors_shapes(s.source)  # headers only: a corrupt weights file is refused before a child starts
+    for source in dict.fromkeys(s.source for s in missing):  # an A/B's variants share one source: read it once
+        safetensors_shapes(source)  # headers only: a corrupt weights file is refused before a child starts
     outcomes = _convert_in_child(missing, root, on_progress, timeout_s, t0) if missing else {}
     seconds = time.monotonic() - t0
     built = {k for k, outcome in outcomes.items() if outcome == "built"}

@@ -207,8 +207,8 @@ def value_free_programs(spec: BuildSpec, out_dir: Path, progress=None) -> tuple[
 
 
 def value_free_job(spec_json: dict, out_dir: str) -> dict:
-    """:func:`value_free_programs` in a worker process (``progress.worker_pool``: forked from the build child before
-    it converts anything, on Linux): the programs as ``program_json``, the timings, the untie flag and the worker's
+    """:func:`value_free_programs` in a worker process (``progress.worker_pool``: forked from the build child on
+    Linux): the programs as ``program_json``, the timings, the untie flag and the worker's
     peak RSS (a forked worker's counts the pages it shares with the child, as a spawned one counted its imports)."""
     import torch
 
