@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from analyzer.convert.launch import run_builds
-from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
+from analyzer.errors import SourceError
+from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
 from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
 
 TINY_OVERRIDES = (*STRUCTURE_OVERRIDES, "num_hidden_layers=2")
@@ -112,16 +113,32 @@ def shipped_styles(tmp_path_factory) -> dict[str, tuple]:
     return out
 
 
-# Every preset's 2-layer version, as test_families, test_interpret_presets and test_fold_presets convert it: the
-# preset's own hidden size and attention geometry (query heads, KV heads, head dim), a small MLP and vocabulary.
+# Every preset's 2-layer version, as test_families, test_interpret_presets, test_fold_presets and
+# test_coreai_presets convert it (``preset_source``): the preset's own attention geometry (query heads, KV heads,
+# head dim), a small MLP and vocabulary, and hidden 256 wherever the family's config takes a head_dim (the others,
+# qwen2 and phi-3, derive it from the hidden size and so keep the preset's). What these tests assert (replication
+# ops and their Hq·ctx·D bytes, the fold, the interpreter against torch) depends on the heads, not on the width of
+# the residual stream; full-width 2-layer builds are tests/test_fast_identity.py's.
 PRESET_SHRINK = ("num_hidden_layers=2", "intermediate_size=256", "vocab_size=512")
+PRESET_HIDDEN = 256
 PRESET_SEED = 3
 PRESET_CTX = 128
 
 
+def preset_source(preset: str, extra: tuple[str, ...] | list[str] = (), seed: int = PRESET_SEED):
+    """The preset's 2-layer version (PRESET_SHRINK, hidden PRESET_HIDDEN where the config pins a head_dim) with
+    ``extra`` overrides last; its heads, KV heads and head dim are the preset's own."""
+    head_dim = geometry_of(load_config(resolve_source(preset))).head_dim
+    try:
+        return resolve_source(preset, [*PRESET_SHRINK, f"hidden_size={PRESET_HIDDEN}", f"head_dim={head_dim}",
+                                       *extra], seed=seed)
+    except SourceError:  # no head_dim field: head_dim = hidden / heads, so the hidden size stays the preset's
+        return resolve_source(preset, [*PRESET_SHRINK, *extra], seed=seed)
+
+
 @pytest.fixture(scope="session")
 def preset_packages(builds_root):
-    """``package(preset, variant, kv_mode="state") → .mlpackage``: the preset's 2-layer version (PRESET_SHRINK,
+    """``package(preset, variant, kv_mode="state") → .mlpackage``: the preset's 2-layer version (``preset_source``,
     seed 3) converted in-process at ctx 128, once per run: kept beside the shared builds folder under a lock per
     package, so the three modules reuse one conversion whichever worker runs them."""
     from filelock import FileLock
@@ -139,7 +156,7 @@ def preset_packages(builds_root):
             if not path.is_dir():
                 if preset not in last:
                     last.clear()
-                    last[preset] = build_model(resolve_source(preset, PRESET_SHRINK, seed=PRESET_SEED))
+                    last[preset] = build_model(preset_source(preset))
                 tmp = root / f".tmp-{os.getpid()}-{path.name}"
                 convert_step(DecodeStep(last[preset], PRESET_CTX, variant, kv_mode).eval()).save(str(tmp))
                 tmp.rename(path)

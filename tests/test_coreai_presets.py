@@ -8,8 +8,8 @@ qfold), fp16, KV as state.
 * kv_read, kv_write (and its value-semantics figure) and replication equal the Core ML build's; every other
   per-kind byte difference (``diff``: ``analyzer.graph.diff_reasons.explain``) has a known cross-backend cause.
 
-Cheap on purpose: hidden 256 wherever the family's config takes a head_dim (qwen2 derives it from the hidden size,
-so its presets keep theirs), MLP 256, vocab 512, ctx 32, and value-free weights on both backends (analysis mode,
+Cheap on purpose: each preset's 2-layer version (conftest ``preset_source``: hidden 256 wherever the family's config
+takes a head_dim, MLP 256, vocab 512), ctx 32, and value-free weights on both backends (analysis mode,
 whose analyses are a materialised build's op for op: tests/test_fast_identity.py, tests/test_coreai.py), in-process.
 """
 
@@ -24,7 +24,6 @@ from analyzer.convert.aimodel_build import export_step, save_asset, to_program
 from analyzer.convert.header_blobs import to_program as to_mil_program
 from analyzer.convert.header_blobs import walk_program
 from analyzer.convert.step import trace_step
-from analyzer.errors import SourceError
 from analyzer.graph.accounting import CATEGORIES
 from analyzer.graph.aimodel.walk import read_asset
 from analyzer.graph.diff_reasons import CROSS_BACKEND_CAUSES, MQA_V_COPY, explain
@@ -32,30 +31,20 @@ from analyzer.graph.record import Analysis
 from analyzer.model.decode import DecodeStep
 from analyzer.model.sources import geometry_of, list_presets, load_config, resolve_source
 from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
+from tests.conftest import preset_source
 
 pytestmark = pytest.mark.conversion
 CTX = 32
-SMALL = ("num_hidden_layers=2", "intermediate_size=256", "vocab_size=512")
 GEOMETRIES = {p.name: geometry_of(load_config(resolve_source(p.name))) for p in list_presets()}
 GQA_PRESETS = sorted(name for name, g in GEOMETRIES.items() if g.num_kv_heads < g.num_q_heads)
 SAME_BYTES = ("kv_read", "kv_write", "kv_write_value_semantics")
-
-
-def small_source(preset: str):
-    """2 layers, small MLP and vocab, the preset's heads, KV heads and head dim: hidden 256 with head_dim pinned
-    where the family's config has the field, else (qwen2) the preset's hidden size."""
-    d = GEOMETRIES[preset].head_dim
-    try:
-        return resolve_source(preset, [*SMALL, "hidden_size=256", f"head_dim={d}"], seed=5)
-    except SourceError:
-        return resolve_source(preset, list(SMALL), seed=5)
 
 
 def convert_both(preset: str, tmp_path) -> tuple[dict[str, Analysis], dict[str, Analysis]]:
     """(Core ML analyses, Core AI analyses) by variant, as analysis-mode builds make them: every Core ML variant
     traced over zero pages, the weights made value-free views, then converted (milinternal) and walked; the Core AI
     steps exported with the views."""
-    model = build_value_free_model(small_source(preset))
+    model = build_value_free_model(preset_source(preset))
     traces = {}
     for v in ("repeat_kv", "qfold"):
         step = DecodeStep(model, CTX, v, "state", lazy_cache=True).eval()
@@ -77,7 +66,7 @@ def kv_copies(a: Analysis):
 @pytest.mark.parametrize("preset", GQA_PRESETS)
 def test_every_gqa_preset_on_both_backends(preset, tmp_path):
     g = GEOMETRIES[preset]
-    small = geometry_of(load_config(small_source(preset)))
+    small = geometry_of(load_config(preset_source(preset)))
     assert (small.num_q_heads, small.num_kv_heads, small.head_dim, small.num_layers) == \
         (g.num_q_heads, g.num_kv_heads, g.head_dim, 2)
     coreml, coreai = convert_both(preset, tmp_path)

@@ -11,17 +11,15 @@ from analyzer.graph.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.equivalence import check_equivalence
 from analyzer.model.sources import geometry_of, load_config, resolve_source
-from tests.conftest import PRESET_CTX, PRESET_SEED, PRESET_SHRINK
+from tests.conftest import PRESET_CTX, preset_source
 
-# Two layers, small MLP and vocab; hidden size and head geometry stay the preset's own.
-SHRINK = list(PRESET_SHRINK)
+# Two layers, small MLP, vocab and (where the config allows) hidden size; head geometry stays the preset's own.
 GQA = ["exaone-4.0-1.2b", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b-v0.3", "gemma-3-1b"]
 CTX = PRESET_CTX
 
 
 def _model(preset, extra=()):
-    src = resolve_source(preset, [*SHRINK, *extra], seed=PRESET_SEED)
-    return build_model(src)
+    return build_model(preset_source(preset, extra))
 
 
 @pytest.mark.parametrize("preset", [*GQA, "phi-3-mini-4k"])
@@ -56,7 +54,7 @@ def test_query_heads_not_contiguous_per_group_are_detected(monkeypatch):
 @pytest.mark.conversion
 @pytest.mark.parametrize("preset", [*GQA, "phi-3-mini-4k"])
 def test_tiles_are_two_per_layer_of_hq_ctx_d_fp16(preset, preset_packages):
-    g = geometry_of(load_config(resolve_source(preset, SHRINK, seed=PRESET_SEED)))
+    g = geometry_of(load_config(preset_source(preset)))
     counts = {}
     for variant in ("repeat_kv", "qfold"):
         program = read_program(preset_packages(preset, variant))

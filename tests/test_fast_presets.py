@@ -6,18 +6,18 @@ import pytest
 import torch
 
 from analyzer.convert.header_blobs import to_program, walk_program
-from analyzer.convert.step import convert_step, trace_step
+from analyzer.convert.step import trace_step
 from analyzer.graph.accounting import account
 from analyzer.graph.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.equivalence import check_equivalence
 from analyzer.model.sources import geometry_of, load_config, resolve_source
 from analyzer.model.valuefree import ZeroPageProducts, assign_value_free_weights_, build_value_free_model
+from tests.conftest import PRESET_CTX, preset_source
 
 LARGE = ["mistral-7b-v0.3", "llama-3.1-8b", "qwen2.5-7b"]
 NEW = ["llama-3.1-8b", "qwen2.5-7b"]
-SHRINK = ["num_hidden_layers=2", "intermediate_size=256", "vocab_size=512"]  # as tests/test_families.py
-CTX = 128
+CTX = PRESET_CTX
 
 
 def weight_bytes_per_token(cfg) -> int:
@@ -48,7 +48,7 @@ def parameter_count(cfg) -> int:
 
 @pytest.mark.parametrize("preset", NEW)
 def test_new_presets_variants_agree_with_each_other_and_the_family(preset):
-    report = check_equivalence(build_model(resolve_source(preset, SHRINK, seed=3)), "state", ctx=32, steps=8)
+    report = check_equivalence(build_model(preset_source(preset)), "state", ctx=32, steps=8)
     pairs = {p.dtype: p for p in report.pairs}
     assert pairs["fp16"].bit_identical
     assert pairs["fp32"].greedy_agree_steps == 8 and pairs["fp32"].max_abs_diff < 1e-4
@@ -57,14 +57,11 @@ def test_new_presets_variants_agree_with_each_other_and_the_family(preset):
 
 @pytest.mark.conversion
 @pytest.mark.parametrize("preset", NEW)
-def test_new_presets_tile_two_per_layer_of_hq_ctx_d(preset, tmp_path):
-    model = build_model(resolve_source(preset, SHRINK, seed=3), torch.float16)
-    g = geometry_of(model.config)
+def test_new_presets_tile_two_per_layer_of_hq_ctx_d(preset, preset_packages):
+    g = geometry_of(load_config(preset_source(preset)))
     counts = {}
     for variant in ("repeat_kv", "qfold"):
-        path = tmp_path / f"{variant}.mlpackage"
-        convert_step(DecodeStep(model, CTX, variant, "state").eval()).save(str(path))
-        program = read_program(path)
+        program = read_program(preset_packages(preset, variant))
         counts[variant] = len(program.tiles())
         if variant == "repeat_kv":
             assert {t.output_bytes for t in program.tiles()} == {g.num_q_heads * CTX * g.head_dim * 2}

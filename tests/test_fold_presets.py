@@ -1,5 +1,5 @@
 """Done-when of issue #9 on real conversions: for every GQA/MQA preset (2 layers, small MLP and vocab, the
-preset's own hidden size, heads, KV heads and head dim: the session's ``preset_packages``), the ``repeat_kv+fold``
+preset's own heads, KV heads and head dim: the session's ``preset_packages``), the ``repeat_kv+fold``
 route (repeat_kv build + the pass) has zero ``kv_replication`` tiles, the same bytes per token as the qfold build of
 the same spec, identical stored weights, and the MIL interpreter gives the same outputs and final states as the
 original over 4 decode steps.
@@ -23,7 +23,7 @@ from analyzer.graph.passes.proof import prove_fold
 from analyzer.graph.record import load_analysis
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
 from analyzer.model.spec import FOLD_VARIANT, BuildSpec
-from tests.conftest import PRESET_SHRINK, TINY_CTX, TINY_OVERRIDES
+from tests.conftest import TINY_CTX, TINY_OVERRIDES, preset_source
 
 PRESETS = ["exaone-4.0-1.2b", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b-v0.3", "gemma-3-1b"]
 CASES = [(p, "state") for p in PRESETS] + [("exaone-4.0-1.2b", "input")]
@@ -39,7 +39,7 @@ def conversions(preset_packages, tmp_path_factory):
         paths["folded"] = tmp_path_factory.mktemp(f"{preset}-{kv}") / "folded.mlpackage"
         report = fold_package(paths["repeat_kv"], paths["folded"])
         proof = prove_fold(paths["repeat_kv"], paths["folded"], steps=4)
-        out[(preset, kv)] = (paths, report, proof, geometry_of(load_config(resolve_source(preset, PRESET_SHRINK))))
+        out[(preset, kv)] = (paths, report, proof, geometry_of(load_config(preset_source(preset))))
     return out
 
 

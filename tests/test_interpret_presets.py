@@ -1,5 +1,5 @@
 """The MIL interpreter against torch on qfold's own conversions of every preset (2 layers, small MLP and vocab,
-the preset's own hidden size and attention geometry): teacher-forced fp16 logits over 5 decode steps.
+the preset's own attention geometry: conftest ``preset_source``): teacher-forced fp16 logits over 5 decode steps.
 
 Tolerance: max |Δ logits| ≤ 1e-2 × max |logit|. Both sides compute in fp16 but round at different points:
 torch's CPU kernels and the interpreter each accumulate products in fp32, while coremltools' passes reorder and
@@ -20,11 +20,11 @@ from analyzer.graph.interpret import decode_steps, infer_roles, load_interpreter
 from analyzer.graph.interpret.roles import InputRoles
 from analyzer.model.decode import DecodeStep, build_model, run_decode
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
-from tests.conftest import PRESET_CTX, PRESET_SEED, TINY_CTX, TINY_OVERRIDES
-from tests.test_families import GQA, SHRINK
+from tests.conftest import PRESET_CTX, TINY_CTX, TINY_OVERRIDES, preset_source
+from tests.test_families import GQA
 
 PRESETS = [*GQA, "phi-3-mini-4k"]
-CTX, STEPS, VOCAB = PRESET_CTX, 5, 512  # VOCAB: SHRINK's vocab_size
+CTX, STEPS, VOCAB = PRESET_CTX, 5, 512  # VOCAB: PRESET_SHRINK's vocab_size
 REL_TOL = 1e-2
 
 
@@ -43,7 +43,7 @@ def _rel_diff(ours: np.ndarray, ref: np.ndarray) -> float:
 
 def _converted(preset_packages, preset: str, kv_mode: str):
     """The session's repeat_kv package of the preset (conftest ``preset_packages``), tokens and torch's logits."""
-    source = resolve_source(preset, SHRINK, seed=PRESET_SEED)
+    source = preset_source(preset)
     path = preset_packages(preset, "repeat_kv", kv_mode)
     tokens = np.random.default_rng(11).integers(0, VOCAB, STEPS).tolist()
     return path, tokens, _torch_fp16(source, kv_mode, "repeat_kv", CTX, tokens)
