@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from analyzer.convert.builds_folder import request_paths
+from analyzer.convert.fork_server import ForkedChild, start_child
+from analyzer.convert.progress import PROGRESS_PREFIX
 from analyzer.errors import BuildError, QfoldError
 from analyzer.fsio import file_kind, resolved
 from analyzer.graph.aimodel.walk import read_asset
@@ -48,7 +50,6 @@ from analyzer.model.spec import BuildSpec
 PACKAGE_NAME = "model.mlpackage"
 ASSET_NAME = "model.aimodel"  # a Core AI build's asset (analyzer.graph.aimodel), beside analysis.json
 LOG_FILE = "build.log"
-PROGRESS_PREFIX = "@@qfold "  # child → parent protocol: one JSON object per line after this prefix
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -167,15 +168,15 @@ def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[
     """Run the conversion child ``cmd`` (building ``what``), relaying its progress; returns what it did per key
     (``{"result": "built"|"reused", "key": K}`` lines). The child runs in its own session, so a timeout or an
     interrupt stops it and every process it started (the equivalence worker); the timeout holds even while the
-    child prints nothing (its output is read by a thread)."""
+    child prints nothing (its output is read by a thread). On Linux a conversion child is forked by the fork server
+    (``analyzer.convert.fork_server``), which has imported the child's modules already."""
 
     t0 = time.monotonic() if t0 is None else t0
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     lines: queue_mod.Queue[str | None] = queue_mod.Queue()
     last_error, outcomes = "", {}
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                cwd=str(REPO_ROOT), bufsize=1, start_new_session=True)
+        proc = start_child(cmd, env, REPO_ROOT)
         assert proc.stdout is not None
 
         def pump(stream=proc.stdout) -> None:
@@ -217,7 +218,7 @@ def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[
     return outcomes
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen | ForkedChild) -> None:
     """Kill a conversion child and everything it started (its own process group)."""
 
     try:

@@ -13,11 +13,19 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
-from analyzer.convert.launch import PROGRESS_PREFIX
 from analyzer.errors import QfoldError
 
+PROGRESS_PREFIX = "@@qfold "  # child → parent protocol: one JSON object per line after this prefix
 T0 = time.monotonic()
 LOG: list[str] = []
+
+
+def restart_clock() -> None:
+    """Start the clock and the log afresh: a child forked from a process that imported this module long before
+    (``analyzer.convert.fork_server``) times its steps from its own start, as a new process would."""
+    global T0
+    T0 = time.monotonic()
+    LOG.clear()
 
 
 def emit(fraction: float, stage: str, message: str) -> None:
