@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.bad_input_packages import gqa_package
+from tests.test_app import new_app
 
-REPO = Path(__file__).resolve().parent.parent
 PAYLOADS = {"a": "![x](http://198.51.100.7/x.png)", "b": "[Session expired: sign in again](http://198.51.100.7/phish)"}
 PAGES = ["app_pages/ab.py", "app_pages/builds.py", "app_pages/device_logs.py", "app_pages/bandwidth.py",
          "app_pages/sweeps.py", "app_pages/export.py"]
@@ -57,7 +56,7 @@ def env(data, monkeypatch):
 
 
 def _app(**query) -> AppTest:
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at = new_app(120)
     at.query_params.update(query)
     at.run()
     return at
@@ -131,7 +130,7 @@ def test_device_and_package_names_are_text_on_every_page(env):
     package = str(env.joinpath("data", *PACKAGE_PARENT, PACKAGE_NAME).resolve())
     held = {}
     for query in ({"bw": "fitted"}, {"bw": "fitted", "pkg": package, "b": f"package:{package}"}):
-        at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+        at = new_app(120)
         at.query_params.update(query)
         at.session_state["logs_files"] = [("log.csv", PAYLOAD_LOG)]
         if "pkg" in query:  # mapped by hand to the package: "Mapped by you (by its label: why not)"
@@ -189,7 +188,7 @@ def test_a_bad_config_folder_is_a_message_not_a_crash(env, typed):
 
 def test_fold_it_with_a_missing_input_spec_is_a_message(env):
     package = str((env / "data" / "gqa.mlpackage").resolve())
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at = new_app(120)
     at.session_state["builds_packages"] = [package]
     at.run()
     at.switch_page("app_pages/builds.py")

@@ -12,7 +12,7 @@ import pytest
 from analyzer.convert import jobs
 from analyzer.errors import BuildError
 from analyzer.report.catalog import shipped_analyses
-from tests.test_app import EXAMPLE_LOG, open_page, texts
+from tests.test_app import EXAMPLE_LOG, new_app, open_page, texts
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = REPO / "analyzer" / "model" / "presets"
@@ -107,9 +107,7 @@ def test_an_ab_of_different_builds_names_the_differences_and_offers_the_matching
 def test_the_url_carries_the_comparison(tiny_builds, tmp_path, monkeypatch):
     a, b = (f"build:{tiny_builds[v].name}" for v in ("repeat_kv", "qfold"))
     monkeypatch.setenv("QFOLD_DATA_ROOTS", str(tmp_path))
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at = new_app(120)
     at.query_params.update({"a": a, "b": b, "bw": "profile:m1-ane", "pkg": "/etc/passwd.mlpackage"})
     at.run()
     assert not at.exception
@@ -148,9 +146,7 @@ def test_tables_never_show_minus_zero(tiny_builds, page):
 
 
 def test_a_link_to_an_analysis_this_server_lacks_says_so(tiny_builds):
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at = new_app(120)
     at.query_params.update({"a": "build:made-elsewhere-0123456789", "bw": "typed:nonsense"})
     at.run()
     warnings = texts(at.warning)

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
-from tests.test_app import APP, TIMEOUT_S, open_page, texts
+from tests.test_app import TIMEOUT_S, new_app, open_page, texts
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +113,7 @@ def test_a_link_keeps_a_flexible_package_s_shapes_and_warns_about_a_bad_one(ship
             ({"inputIds": [1, 3], "causalMask": [1, 1, 3, 12]}, " @ inputIds[1,3] causalMask[1,1,3,12]", None),
             ({"causalMask": [1, 1, 9, 99]}, " @ inputIds[1,1] causalMask[1,1,1,16]",  # refused: the defaults
              "outside what input 'causalMask' accepts")):
-        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
+        at = new_app(TIMEOUT_S)
         at.query_params.update({"pkg": src, "shapes": json.dumps({src: shapes}), "a": f"package:{src}"})
         at.run()
         assert not at.exception, [e.value for e in at.exception]

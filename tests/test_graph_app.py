@@ -3,16 +3,14 @@ tok/s beside the predicted figures), the fp16 pair is one click away, and the Gr
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE, predicted_tok_per_s
 from analyzer.graph.record import load_analysis
 from analyzer.report.catalog import SHIPPED_DIR, shipped_analyses
+from tests.test_app import new_app
 
-APP = Path(__file__).resolve().parent.parent / "app.py"
 TOP8 = ("shipped:exaone-4.0-1.2b-repeat_kv-state-ctx4096-top8", "shipped:exaone-4.0-1.2b-qfold-state-ctx4096-top8")
 FP16 = ("shipped:exaone-4.0-1.2b-repeat_kv-state-ctx4096", "shipped:exaone-4.0-1.2b-qfold-state-ctx4096")
 MEASURED = "measured tok/s (device logs)"
@@ -22,7 +20,7 @@ pytestmark = pytest.mark.skipif(not {"repeat_kv", "qfold"} <= set(shipped_analys
 
 
 def _open(**state) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=180)
+    at = new_app(180)
     for key, value in state.items():
         at.session_state[key] = value
     at.run()

@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from analyzer.graph.record import load_analyses
 
-from .test_app import APP, TIMEOUT_S, texts
+from .test_app import TIMEOUT_S, new_app, texts
 
 pytestmark = pytest.mark.conversion
 TAB = "Decode · prefill · roofline"
@@ -20,7 +20,7 @@ def _ref_id(folder, function):
 
 
 def _open(page: str | None = None, **state) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
+    at = new_app(TIMEOUT_S)
     for key, value in state.items():
         at.session_state[key] = value
     at.run()

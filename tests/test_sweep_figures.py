@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from analyzer.device.logs import Measurement
 from analyzer.device.sweep import SweepJob
@@ -15,8 +12,7 @@ from analyzer.device.sweep_table import SweepRow, read_table, write_table
 from analyzer.fmt import MB
 from analyzer.report import sweep_figures as sf
 from tests.conftest import TINY_CTX
-
-APP = Path(__file__).resolve().parent.parent / "app.py"
+from tests.test_app import new_app
 
 
 def _rows() -> list[SweepRow]:
@@ -79,7 +75,7 @@ def test_sweeps_page_follows_a_finished_sweep_and_shows_its_charts(tiny_builds, 
     job._thread.join(timeout=120)
     rows, finished, error, _messages = job.snapshot()
     assert finished and error is None and {r.status for r in rows} == {"reused"}
-    at = AppTest.from_file(str(APP), default_timeout=120)
+    at = new_app(120)
     at.session_state["sweeps_job"] = job
     at.run()
     at.switch_page("app_pages/sweeps.py")
@@ -92,7 +88,7 @@ def test_sweeps_page_follows_a_finished_sweep_and_shows_its_charts(tiny_builds, 
 
 
 def test_sweeps_page_opens_with_nothing_to_show():
-    at = AppTest.from_file(str(APP), default_timeout=120)
+    at = new_app(120)
     at.run()
     at.switch_page("app_pages/sweeps.py")
     at.run()
