@@ -75,6 +75,14 @@ def tiny_builds(builds_root) -> dict[str, Path]:
     return _pair(builds_root, TINY_OVERRIDES, TINY_CTX)
 
 
+@pytest.fixture(scope="session")
+def tiny_analysis_builds(builds_root) -> dict[str, Path]:
+    """The tiny pair as `build` makes it by default (analysis mode, one child): what a sweep point reuses."""
+    source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
+    return _built([BuildSpec(source, v, "state", TINY_CTX, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold")],
+                  builds_root)
+
+
 TINY_Q_LEN = 64
 
 

@@ -190,14 +190,6 @@ def _ray_children() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_analysis_builds(builds_root) -> dict[str, Path]:
-    """The tiny pair as `build` makes it by default (analysis mode, one child): what a sweep point reuses."""
-    specs = [BuildSpec(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES), v, "state", TINY_CTX, build_mode=ANALYSIS_MODE)
-             for v in ("repeat_kv", "qfold")]
-    return {s.variant: r.path for s, r in zip(specs, run_builds(specs, builds_root), strict=True)}
-
-
-@pytest.fixture(scope="module")
 def tiny_sweep(tiny_analysis_builds, builds_root, tmp_path_factory):
     """One sweep on local Ray (analysis mode, its default): ctx {256, 512} × both variants, plus a point whose
     safetensors cannot be read, which fails in its worker."""

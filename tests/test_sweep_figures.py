@@ -69,7 +69,8 @@ def test_derived_points_are_open_markers_whose_hover_and_legend_say_where_they_c
 
 
 @pytest.mark.conversion
-def test_sweeps_page_follows_a_finished_sweep_and_shows_its_charts(tiny_builds, builds_root):
+def test_sweeps_page_follows_a_finished_sweep_and_shows_its_charts(tiny_analysis_builds, builds_root):
+    """A sweep of the tiny pair's two points, both already built (the session's analysis-mode pair)."""
     spec = make_spec({"ctx": [TINY_CTX], "structure": True, "set": ["num_hidden_layers=2"]})
     job = SweepJob(spec, builds_root).start()
     job._thread.join(timeout=120)
