@@ -22,6 +22,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -37,6 +38,7 @@ MAX_JSON_BYTES = 32 << 20
 # integer reach int() (a bare ValueError) or arithmetic.
 MAX_INT_DIGITS = 32
 _MAX_INT_BITS = int(MAX_INT_DIGITS * math.log2(10))  # 106 bits: every int of 32 digits fits
+_LONG_NUMBER = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}|[eE][+-]?\d{{3}}")
 # qfold's own files nest < 10 levels (an analysis: ops → inputs → tensor → shape); configs a few.
 MAX_JSON_DEPTH = 64
 
@@ -310,8 +312,11 @@ def check_structure(value: Any, where: str, max_depth: int = MAX_JSON_DEPTH,
 def loads_strict(text: str, where: str, max_depth: int = MAX_JSON_DEPTH,
                  error: type[QfoldError] = QfoldError) -> Any:
     """Parse JSON text strictly; ``json.JSONDecodeError`` passes through for callers that fall back to text."""
+    # The number hooks run in Python for every number; they can only act on a run of more than MAX_INT_DIGITS
+    # digits or an exponent of 3 digits or more (a float past 1e308). Text with neither parses without them.
+    hooks = {"parse_int": bounded_int, "parse_float": _finite_float} if _LONG_NUMBER.search(text) else {}
     try:
-        value = json.loads(text, parse_constant=_NonFinite, parse_int=bounded_int, parse_float=_finite_float)
+        value = json.loads(text, parse_constant=_NonFinite, **hooks)
     except RecursionError:
         raise error(f"{where}: nested deeper than {max_depth} levels") from None
     except IntegerTooLongError as e:
