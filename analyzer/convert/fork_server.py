@@ -158,16 +158,31 @@ def start_child(cmd: list[str], env: dict[str, str], cwd: str | Path):
 
 
 # ------------------------------------------------------------------------------------------------ the server
-def _run_child(request: dict, keep: set[int]) -> int:
-    """In the forked process: become the child ``request`` describes and run its module as ``__main__``."""
+class _BecameChild(BaseException):  # not an error: the forked process leaving the server's code
+    """Raised in a forked process once its module has run, so that it ends as ``python -m`` would: through the
+    interpreter's own shutdown (atexit, thread and worker-pool shutdown), not ``os._exit``, which left the
+    child's worker processes waiting for work forever."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def _become_child(request: dict, sockets: list[socket.socket], selector: selectors.BaseSelector,
+                  fds: set[int]) -> int:
+    """In the forked process: drop the server's descriptors, become the child ``request`` describes and run its
+    module as ``__main__``; returns its exit code."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    selector.close()
+    for s in sockets:  # detached first: a socket object closed later must not close a descriptor reused since
+        os.close(s.detach())
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     for fd in (1, 2):
         os.dup2(request["stdout_fd"], fd)
-    for fd in keep | {devnull, request["stdout_fd"]}:
+    for fd in fds | {devnull, request["stdout_fd"]}:
         if fd > 2:
             os.close(fd)
     os.chdir(request["cwd"])
@@ -184,23 +199,17 @@ def _run_child(request: dict, keep: set[int]) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 
 
-def _fork(request: dict, keep: set[int]) -> int:
+def _fork(request: dict, sockets: list[socket.socket], selector: selectors.BaseSelector, fds: set[int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            code = _run_child(request, keep)
+            code = _become_child(request, sockets, selector, fds)
         except BaseException:  # what `python -m` would have printed, then its exit code
             traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:  # a closed pipe: the reader is gone
-                    pass
-            os._exit(code)
+        raise _BecameChild(code)
     return pid
 
 
@@ -234,9 +243,7 @@ def serve(control_fd: int) -> None:
                     continue
                 channel = socket.socket(fileno=fds[0])
                 request = {**json.loads(message), "stdout_fd": fds[1]}
-                keep = {0, control.fileno(), wake_r, wake_w, channel.fileno(),
-                        *(c.fileno() for c in children.values()), selector.fileno()}
-                pid = _fork(request, keep)
+                pid = _fork(request, [control, channel, *children.values()], selector, {wake_r, wake_w})
                 os.close(fds[1])
                 channel.send(json.dumps({"pid": pid}).encode())
                 children[pid] = channel
@@ -258,4 +265,7 @@ def serve(control_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    try:
+        serve(int(sys.argv[1]))
+    except _BecameChild as child:  # a forked child, its module run: exit as that module's process would
+        sys.exit(child.code)
