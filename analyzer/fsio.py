@@ -263,27 +263,35 @@ def _clean(value: Any, max_depth: int) -> bool:
     """Whether ``value`` certainly passes :func:`check_structure`, found without naming any field: an analysis
     holds ~10^5 values, and naming each one's path as it is visited took most of the check's time. Anything this
     walk does not know for certain (a violation, a type it does not list) sends the caller to the full check."""
+    if max_depth < 1:
+        return False
     stack = [(value, 1)]
-    pop, push = stack.pop, stack.append
     while stack:
-        v, depth = pop()
-        if depth > max_depth:
-            return False
+        v, depth = stack.pop()
         kind = type(v)
         if kind is dict:
-            for x in v.values():
-                push((x, depth + 1))
+            children = v.values()
         elif kind is list:
-            for x in v:
-                push((x, depth + 1))
-        elif kind is float:
-            if not math.isfinite(v):
+            children = v
+        else:
+            children = (v,) if depth == 1 else ()  # a scalar document; nested scalars are checked below
+        if depth == max_depth and kind in (dict, list) and children:
+            return False  # its members would be nested deeper than max_depth
+        for x in children:
+            k = type(x)
+            if k is str or k is bool or x is None:
+                continue
+            if k is dict or k is list:
+                stack.append((x, depth + 1))
+                continue
+            if k is int:
+                if x.bit_length() > _MAX_INT_BITS:
+                    return False
+            elif k is float:
+                if not math.isfinite(x):
+                    return False
+            else:
                 return False
-        elif kind is int:
-            if v.bit_length() > _MAX_INT_BITS:
-                return False
-        elif kind is not str and kind is not bool and v is not None:
-            return False
     return True
 
 
