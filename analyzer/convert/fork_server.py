@@ -77,7 +77,10 @@ class ForkedChild:
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            pass
+            try:  # forked a moment ago, not yet in its own session (so it has started nothing): the child alone
+                os.kill(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 class _Server:
