@@ -41,6 +41,23 @@ def line_of_offset(data: bytes | str, offset: int) -> int:
     return data.count(newline, 0, offset) + 1  # type: ignore[arg-type]
 
 
+class LineCounter:
+    """1-based line numbers of offsets into one text, each count starting where the previous one stopped: a count
+    from the start per offset is quadratic in a file of many records. An offset before the last one is counted from
+    the start."""
+
+    def __init__(self, data: bytes | str):
+        self._data, self._offset, self._line = data, 0, 1
+        self._newline: bytes | str = b"\n" if isinstance(data, bytes) else "\n"
+
+    def __call__(self, offset: int) -> int:
+        if offset < self._offset:
+            return line_of_offset(self._data, offset)
+        self._line += self._data.count(self._newline, self._offset, offset)  # type: ignore[arg-type]
+        self._offset = offset
+        return self._line
+
+
 def decode(data: bytes, limits: LogLimits, col: Collector) -> str:
     """Bytes → text, or ``RejectError`` saying why the file is not UTF-8 text."""
     if len(data) == 0:

@@ -20,7 +20,7 @@ import analyzer.device.placement.plan_dumps as plan_dumps
 import analyzer.device.placement.plan_json as plan_json
 from analyzer.device.logs import LogIssue, LogLimits
 from analyzer.device.logs.rows import Collector, RejectError, preview
-from analyzer.device.logs.text import decode, file_label
+from analyzer.device.logs.text import LineCounter, decode, file_label
 from analyzer.device.placement.plan_records import DEFAULT_PLAN_LIMITS, PlacementPlan, PlanLimits
 from analyzer.errors import QfoldError
 from analyzer.fsio import loads_strict
@@ -130,9 +130,5 @@ def _json(text: str, col: Collector):
 def _key_lines(text: str, key: str) -> list[int]:
     """The line of every ``"key":`` in the text: one per op object when pretty-printed (a minified document has
     them all on line 1, still right)."""
-    lines, line, counted = [], 1, 0
-    for m in re.finditer(rf'"{key}"\s*:', text):  # one pass: newlines counted from the previous key on
-        line += text.count("\n", counted, m.start())
-        counted = m.start()
-        lines.append(line)
-    return lines
+    line_of = LineCounter(text)
+    return [line_of(m.start()) for m in re.finditer(rf'"{key}"\s*:', text)]

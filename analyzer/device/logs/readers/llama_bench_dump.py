@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from analyzer.device.logs.readers.llama_bench import REQUIRED_FIELDS, check_fields, map_result
 from analyzer.device.logs.records import LogLimits
 from analyzer.device.logs.rows import Collector, RawRow, RejectError
-from analyzer.device.logs.text import line_of_offset
+from analyzer.device.logs.text import LineCounter, line_of_offset
 from analyzer.fsio import IntegerTooLongError, bounded_int
 
 # ---------------------------------------------------------------------------------------------
@@ -35,12 +35,13 @@ def _json_array_items(text: str) -> Iterator[tuple[int, object]]:
     ws = re.compile(r"\s*")
     pos = ws.match(text, 0).end()  # type: ignore[union-attr]
     pos = ws.match(text, pos + 1).end()  # type: ignore[union-attr]  # past '['
+    line_of = LineCounter(text)
     if text.startswith("]", pos):
         end = pos + 1
     else:
         while True:
             value, end = decoder.raw_decode(text, pos)
-            yield line_of_offset(text, pos), value
+            yield line_of(pos), value
             pos = ws.match(text, end).end()  # type: ignore[union-attr]
             if text.startswith(",", pos):
                 pos = ws.match(text, pos + 1).end()  # type: ignore[union-attr]
