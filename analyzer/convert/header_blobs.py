@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.convert.compress.apply import _const_weights, check_all_compressed, optimization_configs, plan_weights
-from analyzer.convert.step import convert_kwargs, main_pipeline, one_value_equal, validated_once, value_free_pipeline
+from analyzer.convert.step import convert_kwargs, main_pipeline, one_value_equal, quick_passes, value_free_pipeline
 from analyzer.graph.mil_reader import MilProgram, read_program
 from analyzer.graph.milproto import ZERO_CHECK_MAX_BYTES
 
@@ -191,14 +191,14 @@ def to_program(traced, step, keep_duplicate_consts: bool = False):
     """Convert a traced step (whose parameters are value-free views by now) to the pymil program that
     ``convert_to="mlprogram"`` would serialise: frontend, main pipeline, backend pipeline. What coremltools
     would do per weight element is done per tensor (``step.one_value_equal``, ``step.value_free_pipeline``: a
-    70B model has 7·10^10 elements), and the program is validated once, not after every pass
-    (``step.validated_once``); the result is the same program (tests/test_fast_identity.py)."""
+    70B model has 7·10^10 elements), and the pipeline skips its read-only bookkeeping (``step.quick_passes``:
+    one validation instead of one per pass); the result is the same program (tests/test_fast_identity.py)."""
     import coremltools as ct
     from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
 
 
     main = value_free_pipeline(main_pipeline(keep_duplicate_consts))
-    with one_value_equal(), validated_once():
+    with one_value_equal(), quick_passes():
         prog = ct.convert(traced, **{**convert_kwargs(step, "milinternal", keep_duplicate_consts),
                                      "pass_pipeline": main})
         PassPipelineManager.apply_pipeline(prog, _backend_pipeline(main, "pytorch"))
