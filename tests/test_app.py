@@ -47,15 +47,22 @@ def new_app(timeout_s: float = TIMEOUT_S) -> AppTest:
     return at
 
 
+DEFAULT_PAGE = "app_pages/ab.py"
+
+
 def open_page(page: str | None = None, **state) -> AppTest:
+    """The app on ``page`` (its first run: every page's url_path is its file's name, so the page is found before
+    ``st.navigation`` has registered it) with ``state`` set, as a link to that page opens it."""
     at = new_app()
     for key, value in state.items():
         at.session_state[key] = value
-    at.run()
-    if page is not None:
+    if page is not None and page != DEFAULT_PAGE:
         at.switch_page(page)
-        at.run()
+    at.run()
     assert not at.exception, [e.value for e in at.exception]
+    if page not in (None, DEFAULT_PAGE):  # the page asked for, not the default one Streamlit would fall back to
+        shown = at._registered_pages.get(at._page_hash, {}).get("script_path")
+        assert shown and Path(shown).resolve() == (APP.parent / page).resolve(), (page, shown)
     return at
 
 

@@ -79,11 +79,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_build(args) -> int:
-    overrides = (list(STRUCTURE_OVERRIDES) if args.structure else []) + list(args.overrides)
-    source = resolve_source(args.model, overrides, seed=args.seed)
-    compression = None
-    if args.compression:
-        compression = canonical_spec(args.compression, geometry_of(load_config(source)).num_layers)
     variants = list(dict.fromkeys(args.variant))
     if FOLD_VARIANT in variants and args.mode == ANALYSIS_MODE:
         raise QfoldError(f"--variant {FOLD_VARIANT} --mode {ANALYSIS_MODE}: the fold pass rewrites a saved package "
@@ -92,6 +87,12 @@ def cmd_build(args) -> int:
     if FOLD_VARIANT in variants and args.backend == COREAI:
         raise QfoldError(f"--variant {FOLD_VARIANT} --backend {COREAI}: that variant folds a Core ML package; build "
                          f"{FOLD_BASE_VARIANT} with --backend {COREAI} and fold its model.aimodel with `fold`")
+    # the refusals above need only the arguments: made before the config is read (which imports torch, ~5 s)
+    overrides = (list(STRUCTURE_OVERRIDES) if args.structure else []) + list(args.overrides)
+    source = resolve_source(args.model, overrides, seed=args.seed)
+    compression = None
+    if args.compression:
+        compression = canonical_spec(args.compression, geometry_of(load_config(source)).num_layers)
     q_len = args.q_len if args.q_len is not None else 1 if args.phase == "decode" else DEFAULT_Q_LEN
 
     def spec_of(variant: str) -> BuildSpec:
