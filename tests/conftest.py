@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.convert.fork_server import stop_servers
 from analyzer.convert.launch import run_builds
 from analyzer.errors import SourceError
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source
@@ -46,6 +47,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
     heavy = {item.path for item in items if any(item.get_closest_marker(m) for m in HEAVY_MARKS)}
     items.sort(key=lambda item: item.path not in heavy)  # stable: a file's tests stay together and in order
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Each test process reaps its fork server (``stop_servers``; an xdist worker may end without ``atexit``), so
+    the run's CPU time includes the conversions forked by it."""
+    stop_servers()
 
 
 @pytest.fixture(scope="session")

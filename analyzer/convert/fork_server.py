@@ -21,6 +21,7 @@ are not fork-safe) and when the server cannot start, children are started with `
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -41,6 +42,7 @@ from analyzer.convert import progress
 
 PRELOAD = ("analyzer.convert.child", "analyzer.convert.fold_child")  # what a child imports; all of it, once
 IDLE_S = 600.0
+EXIT_WAIT_S = 10.0  # how long a requester, as it exits, waits for its servers to end
 RUNTIME_ENV_PREFIXES = ("QFOLD_", "PYTEST_")  # read when used, never at import: may differ per request
 _MAX_MESSAGE = 1 << 20
 
@@ -129,6 +131,30 @@ class _Server:
 
 _SERVER: _Server | None = None
 _SERVER_LOCK = threading.Lock()
+_CLOSED: list[_Server] = []  # servers told to stop, not yet reaped
+
+
+def stop_servers(wait_s: float = EXIT_WAIT_S) -> None:
+    """Stop this process's servers and wait up to ``wait_s`` for them to end (at exit, too): a server is reaped by
+    its requester, as a Popen'd child would be, so no zombie remains and its CPU time (with its children's) is
+    counted in the requester's (``time``, ``RUSAGE_CHILDREN``). A server whose child still runs is left to exit
+    when that child has."""
+    global _SERVER
+    with _SERVER_LOCK:
+        if _SERVER is not None:
+            _SERVER.close()
+            _CLOSED.append(_SERVER)
+            _SERVER = None
+        deadline = time.monotonic() + wait_s
+        for server in _CLOSED:
+            try:
+                server.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        _CLOSED[:] = [s for s in _CLOSED if s.proc.poll() is None]
+
+
+atexit.register(stop_servers)
 
 
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
@@ -148,6 +174,7 @@ def start_child(cmd: list[str], env: dict[str, str], cwd: str | Path):
                         _import_time_env(_SERVER.env) != _import_time_env(env):
                     if _SERVER is not None:
                         _SERVER.close()
+                        _CLOSED.append(_SERVER)
                     _SERVER = _Server(env, str(cwd))
                 if not _SERVER.ready:
                     break
@@ -155,6 +182,7 @@ def start_child(cmd: list[str], env: dict[str, str], cwd: str | Path):
                     return _SERVER.request(module, cmd[3:], env, str(cwd))
                 except OSError:
                     _SERVER.close()
+                    _CLOSED.append(_SERVER)
                     _SERVER = None
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(cwd),
                             bufsize=1, start_new_session=True)

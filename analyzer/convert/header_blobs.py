@@ -321,9 +321,10 @@ def compress_program(prog, plan, scratch: Path) -> None:
         graph_pass.apply(prog)
         main = PassPipeline()
         main.remove_passes({"common::add_fp16_cast", "common::add_int16_cast"})
-        PassPipelineManager.apply_pipeline(prog, main)
-        PassPipelineManager.apply_pipeline(prog, _backend_pipeline(main, "milinternal"))
-        prog._check_early_error_out_for_invalid_program()
+        with quick_passes():  # the same program; validated once, by the check (step.quick_passes)
+            PassPipelineManager.apply_pipeline(prog, main)
+            PassPipelineManager.apply_pipeline(prog, _backend_pipeline(main, "milinternal"))
+            prog._check_early_error_out_for_invalid_program()
         _reset_names()
     if pal or lin:
         package = scratch / "check.mlpackage"

@@ -165,10 +165,11 @@ def _keep(overwrite_output: bool = False) -> None:
 def validated_once():
     """coremltools' pass pipelines validate the whole program after every pass (``PassPipelineManager.
     apply_pipeline``: ~110 validations per conversion, a third of a 70B conversion's time in
-    bench/results/profile_build.json). Inside this context ``Program.validate`` runs only where coremltools
-    checks something more than structure (after ``common::dead_code_elimination``: the essential scopes); the
-    caller validates the finished program once. Validation only reads the program, so the program is the same;
-    a pass that broke it is reported at the end instead of at that pass. A conversion to a package validates the
+    bench/results/profile_build.json). Inside this context ``Program.validate`` checks only what coremltools
+    checks beyond structure, where it does (after ``common::dead_code_elimination``: every op keeps its essential
+    scopes, ``Function._check_has_scope_info``); the caller validates the finished program once. Validation only
+    reads the program, so the program is the same; a pass that broke its structure is reported at the end instead
+    of at that pass. A conversion to a package validates the
     finished program inside the context too: right before it is serialised (``_check_early_error_out_for_invalid_
     program``, which ``mil_convert_to_proto`` calls once, after the backend pipeline)."""
     from coremltools.converters.mil.mil.program import Program
@@ -176,8 +177,9 @@ def validated_once():
     original, original_check = Program.validate, Program._check_early_error_out_for_invalid_program
 
     def validate(self, check_essential_scope: bool = False) -> None:
-        if check_essential_scope:
-            original(self, check_essential_scope=True)
+        if check_essential_scope:  # that part alone (``Function._check_has_scope_info``); the structure at the end
+            for function in self.functions.values():
+                function._check_has_scope_info()
 
     def check(self) -> None:
         original(self)
@@ -218,10 +220,19 @@ def quick_passes():
         return __str__
 
     def propagate_if_needed(self) -> None:
-        if self.outer_op is not None or any(
-                op.blocks or op.op_type.startswith("constexpr_")
-                or any(o._nonreplaceable_vars_upstream for o in op.outputs or ()) for op in self.operations):
-            propagate(self)
+        if self.outer_op is None:
+            for op in self.operations:  # a plain loop: this runs over every op at every block exit
+                if op.blocks or op.op_type.startswith("constexpr_"):
+                    break
+                for o in op._output_vars or ():
+                    if o._nonreplaceable_vars_upstream:
+                        break
+                else:
+                    continue
+                break
+            else:
+                return
+        propagate(self)
 
     for cls, original in texts.items():
         cls.__str__ = text(original)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.convert.step import quick_passes
 from analyzer.graph.compression import WEIGHT_PARAMS, weight_part
 from analyzer.model.compress_spec import CompressionError, CompressionPlan, Scheme
 
@@ -193,10 +194,11 @@ def compress_model(mlmodel, plan: CompressionPlan):
     assignments = plan_weights(mlmodel, plan)
     _check_kmeans(assignments)
     pal, lin = optimization_configs(assignments)
-    if pal:
-        mlmodel = cto.palettize_weights(mlmodel, cto.OptimizationConfig(op_name_configs=pal))
-    if lin:
-        mlmodel = cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(op_name_configs=lin))
+    with quick_passes():  # the same programs (analyzer.convert.step.quick_passes)
+        if pal:
+            mlmodel = cto.palettize_weights(mlmodel, cto.OptimizationConfig(op_name_configs=pal))
+        if lin:
+            mlmodel = cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(op_name_configs=lin))
     if pal or lin:
         check_all_compressed(assignments, _const_weights(mlmodel.get_spec()))
     return mlmodel
