@@ -9,8 +9,10 @@ qfold), fp16, KV as state.
   per-kind byte difference (``diff``: ``analyzer.graph.diff_reasons.explain``) has a known cross-backend cause.
 
 Cheap on purpose: each preset's 2-layer version (conftest ``preset_source``: hidden 256 wherever the family's config
-takes a head_dim, MLP 256, vocab 512), ctx 32, and value-free weights on both backends (analysis mode,
-whose analyses are a materialised build's op for op: tests/test_fast_identity.py, tests/test_coreai.py), in-process.
+takes a head_dim, MLP 256, vocab 512) at ctx 128, in-process. The Core ML side is the session's package of that
+version (conftest ``preset_packages``, which test_families, test_fold_presets and test_interpret_presets convert
+too); the Core AI side is exported with value-free weights (analysis mode, whose analyses are a materialised
+build's op for op: tests/test_fast_identity.py, tests/test_coreai.py).
 """
 
 from __future__ import annotations
@@ -21,36 +23,29 @@ pytest.importorskip("coreai_torch")  # Core AI's wheels: Linux x86_64 cp311/cp31
 import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
 
 from analyzer.convert.aimodel_build import export_step, save_asset, to_program
-from analyzer.convert.header_blobs import to_program as to_mil_program
-from analyzer.convert.header_blobs import walk_program
-from analyzer.convert.step import trace_step
 from analyzer.graph.accounting import CATEGORIES
 from analyzer.graph.aimodel.walk import read_asset
 from analyzer.graph.diff_reasons import CROSS_BACKEND_CAUSES, MQA_V_COPY, explain
+from analyzer.graph.mil_reader import read_program
 from analyzer.graph.record import Analysis
 from analyzer.model.decode import DecodeStep
 from analyzer.model.sources import geometry_of, list_presets, load_config, resolve_source
 from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
-from tests.conftest import preset_source
+from tests.conftest import PRESET_CTX, preset_source
 
 pytestmark = pytest.mark.conversion
-CTX = 32
+CTX = PRESET_CTX  # the session's packages' (conftest ``preset_packages``)
 GEOMETRIES = {p.name: geometry_of(load_config(resolve_source(p.name))) for p in list_presets()}
 GQA_PRESETS = sorted(name for name, g in GEOMETRIES.items() if g.num_kv_heads < g.num_q_heads)
 SAME_BYTES = ("kv_read", "kv_write", "kv_write_value_semantics")
 
 
-def convert_both(preset: str, tmp_path) -> tuple[dict[str, Analysis], dict[str, Analysis]]:
-    """(Core ML analyses, Core AI analyses) by variant, as analysis-mode builds make them: every Core ML variant
-    traced over zero pages, the weights made value-free views, then converted (milinternal) and walked; the Core AI
-    steps exported with the views."""
+def convert_both(preset: str, tmp_path, preset_packages) -> tuple[dict[str, Analysis], dict[str, Analysis]]:
+    """(Core ML analyses, Core AI analyses) by variant: the session's Core ML packages of the preset's 2-layer
+    version, and its Core AI steps exported with value-free weights, as an analysis-mode build exports them."""
+    coreml = {v: Analysis(read_program(preset_packages(preset, v))) for v in ("repeat_kv", "qfold")}
     model = build_value_free_model(preset_source(preset))
-    traces = {}
-    for v in ("repeat_kv", "qfold"):
-        step = DecodeStep(model, CTX, v, "state", lazy_cache=True).eval()
-        traces[v] = (trace_step(step), step)
     assign_value_free_weights_(model)
-    coreml = {v: Analysis(walk_program(to_mil_program(traced, step), tmp_path)) for v, (traced, step) in traces.items()}
     coreai = {}
     for v in ("repeat_kv", "qfold", "sdpa_gqa"):
         step = DecodeStep(model, CTX, v, "state", lazy_cache=True).eval()
@@ -64,12 +59,12 @@ def kv_copies(a: Analysis):
 
 
 @pytest.mark.parametrize("preset", GQA_PRESETS)
-def test_every_gqa_preset_on_both_backends(preset, tmp_path):
+def test_every_gqa_preset_on_both_backends(preset, tmp_path, preset_packages):
     g = GEOMETRIES[preset]
     small = geometry_of(load_config(preset_source(preset)))
     assert (small.num_q_heads, small.num_kv_heads, small.head_dim, small.num_layers) == \
         (g.num_q_heads, g.num_kv_heads, g.head_dim, 2)
-    coreml, coreai = convert_both(preset, tmp_path)
+    coreml, coreai = convert_both(preset, tmp_path, preset_packages)
     copy = g.num_q_heads * CTX * g.head_dim * 2  # Hq·S·D·2 bytes
     mqa = g.num_kv_heads == 1
 
