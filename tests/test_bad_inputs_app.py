@@ -55,9 +55,12 @@ def env(data, monkeypatch):
     return data
 
 
-def _app(**query) -> AppTest:
+def _app(page: str | None = None, **query) -> AppTest:
+    """The app with ``query`` in its URL, on ``page`` (first run, as tests/test_app.open_page) or the default one."""
     at = new_app(120)
     at.query_params.update(query)
+    if page is not None:
+        at.switch_page(page)
     at.run()
     return at
 
@@ -147,9 +150,7 @@ def test_device_and_package_names_are_text_on_every_page(env):
 
 
 def test_one_corrupt_build_folder_is_listed_as_unreadable_and_the_rest_works(env):
-    at = _app()
-    at.switch_page("app_pages/builds.py")
-    at.run()
+    at = _app("app_pages/builds.py")
     assert not at.exception, [e.value for e in at.exception]
     unreadable = [str(w.value) for w in at.warning if "Unreadable build folder" in str(w.value)]
     assert len(unreadable) == 1 and "corrupt-build-0123456789" in unreadable[0] and "5\\,000 digits" in unreadable[0]
@@ -163,9 +164,7 @@ def test_one_corrupt_build_folder_is_listed_as_unreadable_and_the_rest_works(env
     ("LOOP", "cannot resolve it"),
 ])
 def test_a_bad_package_path_is_a_message_not_a_crash(env, typed, message):
-    at = _app()
-    at.switch_page("app_pages/builds.py")
-    at.run()
+    at = _app("app_pages/builds.py")
     at.text_input(key="builds_package_path").set_value(typed.replace("LOOP", str(env / "data" / "loop.mlpackage")))
     next(b for b in at.button if b.label == "Analyse").click()
     at.run()
@@ -175,9 +174,7 @@ def test_a_bad_package_path_is_a_message_not_a_crash(env, typed, message):
 
 @pytest.mark.parametrize("typed", ["~nosuchuser/model", "LOOP"])
 def test_a_bad_config_folder_is_a_message_not_a_crash(env, typed):
-    at = _app()
-    at.switch_page("app_pages/builds.py")
-    at.run()
+    at = _app("app_pages/builds.py")
     at.radio(key="builds_source_kind").set_value("Local model folder")
     at.run()
     at.text_input(key="builds_folder").set_value(typed.replace("LOOP", str(env / "data" / "loop.mlpackage")))
@@ -190,7 +187,6 @@ def test_fold_it_with_a_missing_input_spec_is_a_message(env):
     package = str((env / "data" / "gqa.mlpackage").resolve())
     at = new_app(120)
     at.session_state["builds_packages"] = [package]
-    at.run()
     at.switch_page("app_pages/builds.py")
     at.run()
     at.selectbox(key="builds_fold_pick").set_value(package)
