@@ -1,4 +1,4 @@
-"""``analyzer.convert.step.quick_passes``: coremltools' pipeline without its read-only bookkeeping makes the same
+"""``analyzer.convert.quick_passes``: coremltools' pipeline without its read-only bookkeeping makes the same
 program as plain ``ct.convert``, byte for byte, and still propagates what a compressed weight needs."""
 
 import logging
@@ -11,7 +11,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
 
-from analyzer.convert.step import convert_kwargs, quick_passes, trace_step
+from analyzer.convert.quick_passes import quick_passes
+from analyzer.convert.step import convert_kwargs, trace_step
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 

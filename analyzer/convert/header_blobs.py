@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from analyzer.convert.compress.apply import _const_weights, check_all_compressed, optimization_configs, plan_weights
-from analyzer.convert.step import convert_kwargs, main_pipeline, one_value_equal, quick_passes, value_free_pipeline
+from analyzer.convert.quick_passes import quick_passes
+from analyzer.convert.step import convert_kwargs, main_pipeline, one_value_equal, value_free_pipeline
 from analyzer.graph.mil_reader import MilProgram, read_program
 from analyzer.graph.milproto import ZERO_CHECK_MAX_BYTES
 
@@ -191,7 +192,7 @@ def to_program(traced, step, keep_duplicate_consts: bool = False):
     """Convert a traced step (whose parameters are value-free views by now) to the pymil program that
     ``convert_to="mlprogram"`` would serialise: frontend, main pipeline, backend pipeline. What coremltools
     would do per weight element is done per tensor (``step.one_value_equal``, ``step.value_free_pipeline``: a
-    70B model has 7·10^10 elements), and the pipeline skips its read-only bookkeeping (``step.quick_passes``:
+    70B model has 7·10^10 elements), and the pipeline skips its read-only bookkeeping (``quick_passes``:
     one validation instead of one per pass); the result is the same program (tests/test_fast_identity.py)."""
     import coremltools as ct
     from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
@@ -321,7 +322,7 @@ def compress_program(prog, plan, scratch: Path) -> None:
         graph_pass.apply(prog)
         main = PassPipeline()
         main.remove_passes({"common::add_fp16_cast", "common::add_int16_cast"})
-        with quick_passes():  # the same program; validated once, by the check (step.quick_passes)
+        with quick_passes():  # the same program; validated once, by the check (quick_passes)
             PassPipelineManager.apply_pipeline(prog, main)
             PassPipelineManager.apply_pipeline(prog, _backend_pipeline(main, "milinternal"))
             prog._check_early_error_out_for_invalid_program()

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from analyzer.convert.step import quick_passes
+from analyzer.convert.quick_passes import quick_passes
 from analyzer.graph.compression import WEIGHT_PARAMS, weight_part
 from analyzer.model.compress_spec import CompressionError, CompressionPlan, Scheme
 
@@ -194,7 +194,7 @@ def compress_model(mlmodel, plan: CompressionPlan):
     assignments = plan_weights(mlmodel, plan)
     _check_kmeans(assignments)
     pal, lin = optimization_configs(assignments)
-    with quick_passes():  # the same programs (analyzer.convert.step.quick_passes)
+    with quick_passes():  # the same programs (analyzer.convert.quick_passes)
         if pal:
             mlmodel = cto.palettize_weights(mlmodel, cto.OptimizationConfig(op_name_configs=pal))
         if lin:
