@@ -19,9 +19,9 @@ def validated_once():
     checks beyond structure, where it does (after ``common::dead_code_elimination``: every op keeps its essential
     scopes, ``Function._check_has_scope_info``); the caller validates the finished program once. Validation only
     reads the program, so the program is the same; a pass that broke its structure is reported at the end instead
-    of at that pass. A conversion to a package validates the
-    finished program inside the context too: right before it is serialised (``_check_early_error_out_for_invalid_
-    program``, which ``mil_convert_to_proto`` calls once, after the backend pipeline)."""
+    of at that pass. A conversion to a package validates the finished program inside the context too: right
+    before it is serialised (``_check_early_error_out_for_invalid_program``, which ``mil_convert_to_proto`` calls
+    once, after the backend pipeline)."""
     from coremltools.converters.mil.mil.program import Program
 
     original, original_check = Program.validate, Program._check_early_error_out_for_invalid_program
@@ -54,7 +54,10 @@ def quick_passes():
     * the non-replaceable-var propagation at every block exit (``Block._propagate_nonreplaceable_vars``, rerun
       after each pass): it unions each var's upstream ``constexpr_*`` vars, so in a function block with no
       ``constexpr_*`` op, no nested block and every output's set already empty (no compression yet) it would
-      set every set to the empty set it already is; any other block is propagated as ever."""
+      set every set to the empty set it already is; any other block is propagated as ever.
+
+    The shortcuts are class attributes, so they hold process-wide while the context is open: another thread's
+    conversion in that window makes the same program too (only its debug text and its structure errors move)."""
     from coremltools.converters.mil.mil.block import Block, Function
     from coremltools.converters.mil.mil.program import Program
 
