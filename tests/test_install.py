@@ -6,6 +6,7 @@ a download; README's `pip install -r requirements.txt .` is the same wheel with 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -61,3 +62,38 @@ def test_installed_qfold_runs_from_another_directory_and_builds_there(installed,
     assert Path(lines[0]).is_relative_to(installed)  # the installed copy, not this checkout
     assert Path(lines[1]) == elsewhere / "builds"  # ./builds, never site-packages
     assert any(line.startswith("exaone-4.0-1.2b ") for line in lines)  # presets are package data
+
+
+def _install_script():
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    loader = SourceFileLoader("install_requirements", str(REPO / "scripts" / "install-requirements"))
+    module = module_from_spec(spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_make_installs_with_uv_from_exactly_pips_sources_or_with_pip(monkeypatch, tmp_path):
+    """scripts/install-requirements hands uv the indexes, find-links and constraints pip is configured with; an
+    option it does not translate means pip."""
+    script = _install_script()
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configuration file: only the variables below
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels /more")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///idx/simple")
+    monkeypatch.setenv("PIP_CONSTRAINT", "/c.txt")
+    monkeypatch.setenv("PIP_CERT", "/ca.pem")
+    monkeypatch.setenv("PIP_TIMEOUT", "60")
+    options = script.pip_options()
+    assert options == {"find-links": ["/wheels", "/more"], "constraint": ["/c.txt"], "cert": ["/ca.pem"],
+                       "extra-index-url": ["file:///idx/simple"]}
+    cmd = script.uv_command(options, ["-r", "requirements.txt"])
+    assert cmd[cmd.index("uv"):][:3] == ["uv", "pip", "install"] and cmd[-2:] == ["-r", "requirements.txt"]
+    flags = list(itertools.pairwise(cmd))
+    assert {("--find-links", "/wheels"), ("--find-links", "/more"), ("--constraint", "/c.txt"),
+            ("--extra-index-url", "file:///idx/simple"), ("--index-strategy", "unsafe-best-match")} <= set(flags)
+    assert "/ca.pem" not in cmd  # (uv's SSL_CERT_FILE)
+    monkeypatch.setenv("PIP_PREFER_BINARY", "1")
+    assert script.pip_options() is None
