@@ -73,19 +73,8 @@ def quick_passes():
         return __str__
 
     def propagate_if_needed(self) -> None:
-        if self.outer_op is None:
-            for op in self.operations:  # a plain loop: this runs over every op at every block exit
-                if op.blocks or op.op_type.startswith("constexpr_"):
-                    break
-                for o in op._output_vars or ():
-                    if o._nonreplaceable_vars_upstream:
-                        break
-                else:
-                    continue
-                break
-            else:
-                return
-        propagate(self)
+        if _may_hold_sets(self):
+            propagate(self)
 
     for cls, original in texts.items():
         cls.__str__ = text(original)
@@ -97,3 +86,17 @@ def quick_passes():
         for cls, original in texts.items():
             cls.__str__ = original
         Block._propagate_nonreplaceable_vars = propagate
+
+
+def _may_hold_sets(block) -> bool:
+    """Whether propagating ``block`` could give any var a set other than the empty one it has: a nested block, a
+    ``constexpr_*`` op or a set already non-empty. Plain loops: this runs over every op at every block exit."""
+    if block.outer_op is not None:
+        return True
+    for op in block.operations:
+        if op.blocks or op.op_type.startswith("constexpr_"):
+            return True
+        for o in op._output_vars or ():
+            if o._nonreplaceable_vars_upstream:
+                return True
+    return False
