@@ -192,27 +192,23 @@ def server(tiny_builds) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def browser():
-    """One headless chromium per worker; each test gets a browser context of its own (``page``)."""
+def browser(tmp_path_factory):
+    """One headless chromium per worker, on a profile of its own (a ``BrowserContext``: Chromium's code cache is
+    kept there, tests/test_browser.py ``chromium``); each test gets a page of its own (``page``, ``own_page``)."""
     from tests.test_browser import chromium
 
-    with chromium() as b:
-        yield b
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as profile:
+        yield profile
 
 
 @pytest.fixture
-def page(server, browser):
-    """A page on the session's server in a fresh browser context (no cookies, no storage)."""
-    from tests.test_browser import WAIT_MS
+def page(browser):
+    """A blank page of the test's own (nothing kept from another test's: storage and cookies are cleared when it
+    closes); the test opens the page of the app it is about."""
+    from tests.test_browser import own_page
 
-    context = browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
-    try:
-        pg = context.new_page()
-        pg.set_default_timeout(WAIT_MS)
-        pg.goto(server, timeout=WAIT_MS)
+    with own_page(browser) as pg:
         yield pg
-    finally:
-        context.close()
 
 
 COREAI_VARIANTS = ("repeat_kv", "qfold", "sdpa_gqa")

@@ -18,7 +18,7 @@ import pytest
 
 from tests.bad_input_packages import gqa_package
 from tests.test_bad_inputs_app import DEVICE, PACKAGE_NAME, PACKAGE_PARENT, PAYLOAD_LOG
-from tests.test_browser import CHROMIUM, WAIT_MS, assert_no_crash, go, settle, streamlit_server, upload
+from tests.test_browser import CHROMIUM, WAIT_MS, assert_no_crash, go, own_page, settle, streamlit_server, upload
 
 pytestmark = pytest.mark.browser
 
@@ -59,15 +59,12 @@ def server(data) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _page(browser, requested: list[str], dialogs: list[str]):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    try:
-        page = context.new_page()
+    with own_page(browser) as page:
+        page.set_viewport_size({"width": 1400, "height": 1000})
         page.set_default_timeout(3 * WAIT_MS)  # a first page view imports the analyzer: slow on a busy machine
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-        context.on("request", lambda r: requested.append(r.url))
+        page.on("request", lambda r: requested.append(r.url))
         yield page
-    finally:
-        context.close()
 
 
 def _assert_text_only(page, where: str) -> None:

@@ -17,7 +17,7 @@ PAGES = {"": "A/B", "builds": "Builds", "device_logs": "Device logs", "bandwidth
 
 def test_a_session_requests_nothing_outside_the_app(page, server):
     requested: list[str] = []
-    page.context.on("request", lambda r: requested.append(r.url))
+    page.on("request", lambda r: requested.append(r.url))
     for path in PAGES:
         page.goto(f"{server}/{path}")
         page.locator('[data-testid="stSidebarNav"]').first.wait_for()

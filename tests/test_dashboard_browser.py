@@ -106,6 +106,7 @@ def test_an_ab_of_two_models_says_so(page, server, tiny_builds, other_model):
 
 
 def test_reloading_the_ab_page_keeps_the_pair(page, server, tiny_builds):
+    page.goto(server)
     page.get_by_text("tile ops, A → B").first.wait_for()
     pick(page, "A (baseline)", f"build {tiny_builds['repeat_kv'].name.rsplit('-', 1)[1]}")
     pick(page, "B (candidate)", f"build {tiny_builds['qfold'].name.rsplit('-', 1)[1]}")
@@ -124,6 +125,7 @@ def test_reloading_the_ab_page_keeps_the_pair(page, server, tiny_builds):
 def test_a_core_ai_ab_names_the_backend_then_opens_its_twin(page, server, tiny_builds, coreai_builds):
     """Core ML repeat_kv vs Core AI Q-fold (issue 19): the pickers say which is Core AI, the apples-to-apples warning
     names the backend, and B's matching pair is the Core AI repeat_kv build (a twin shares the backend)."""
+    page.goto(server)
     page.get_by_text("tile ops, A → B").first.wait_for(timeout=3 * WAIT_MS)  # a fresh server's first page: slow
     pick(page, "A (baseline)", f"build {tiny_builds['repeat_kv'].name.rsplit('-', 1)[1]}")
     pick(page, "B (candidate)", f"build {coreai_builds['qfold'].name.rsplit('-', 1)[1]}")

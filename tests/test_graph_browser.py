@@ -20,18 +20,12 @@ ROW_PX = 35  # Streamlit's dataframe row height (header row the same)
 
 
 @pytest.fixture
-def watched_page(server, browser):
+def watched_page(server, page):
     """A page on the app, with every URL it requests recorded."""
-    context = browser.new_context(viewport={"width": 1500, "height": 1000})
-    try:
-        pg = context.new_page()
-        pg.set_default_timeout(WAIT_MS)
-        requested: list[str] = []
-        pg.on("request", lambda r: requested.append(r.url))
-        pg.goto(server, timeout=WAIT_MS)
-        yield pg, server, requested
-    finally:
-        context.close()
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    page.goto(server, timeout=WAIT_MS)
+    return page, server, requested
 
 
 def _graphs(page, layer: str):

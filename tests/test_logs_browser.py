@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser import assert_no_crash, go
+from tests.test_browser import assert_no_crash
 
 pytestmark = pytest.mark.browser
 
@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 README_TABLE = (REPO / "examples" / "llama_bench_readme.md").read_text(encoding="utf-8")
 
 
-def test_the_paste_box_reads_the_readme_table_as_a_decode_and_a_prefill_run(page):
-    go(page, "Device logs")
+def test_the_paste_box_reads_the_readme_table_as_a_decode_and_a_prefill_run(page, server):
+    page.goto(f"{server}/device_logs")
     page.get_by_text("Paste a table or runner output").first.click()
     page.get_by_label("Pasted text").fill(README_TABLE)
     page.get_by_role("button", name="Read the pasted text").click()

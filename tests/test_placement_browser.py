@@ -19,13 +19,14 @@ pytestmark = [
 SHIPPED = REPO / "analyzer" / "shipped"
 
 
-def test_placement_of_a_and_b_and_the_warning_when_b_moves_ops_off_the_neural_engine(page, tmp_path):
+def test_placement_of_a_and_b_and_the_warning_when_b_moves_ops_off_the_neural_engine(page, server, tmp_path):
     # the page opens on the pair the example device logs measured: the top8 repeat_kv / Q-fold analyses
     plans = {}
     for side, variant, rule in (("A", "repeat_kv", all_ane), ("B", "qfold", slice_update_on_cpu)):
         analysis = load_analysis(SHIPPED / f"exaone-4.0-1.2b-{variant}-state-ctx4096-top8.analysis.json")
         plans[side] = tmp_path / f"{variant}.plan.json"
         plans[side].write_bytes(plan_bytes(analysis, rule))
+    page.goto(server)
     page.get_by_text("20.39 → 54.30", exact=True).first.wait_for()
     page.get_by_role("tab", name="Placement").click()
     page.get_by_text("No plan for A or B yet.").first.wait_for()
