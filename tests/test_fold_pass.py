@@ -21,7 +21,8 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.testing_utils import apply_pass_and_basic_check
 
 from analyzer.graph.interpret import load_interpreter
-from analyzer.graph.passes.gqa_fold import PASS_NAME, fold_gqa_replication
+from analyzer.graph.passes.fold_records import PASS_NAME
+from analyzer.graph.passes.gqa_fold import fold_gqa_replication
 from analyzer.graph.replication import HeadMap, head_mapping
 
 IOS18 = ct.target.iOS18

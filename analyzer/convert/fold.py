@@ -47,7 +47,7 @@ from analyzer.graph.aimodel import asset_fold
 from analyzer.graph.aimodel.asset import HASH_FILE, check_asset
 from analyzer.graph.aimodel.runtime import asset_in
 from analyzer.graph.mil_reader import find_package, read_program
-from analyzer.graph.passes import gqa_fold
+from analyzer.graph.passes.fold_records import PASS_NAME, PASS_VERSION
 from analyzer.graph.passes.package import fold_package, package_digest
 from analyzer.graph.passes.proof import DEFAULT_STEPS, FoldProof, folded_check, prove_fold
 from analyzer.graph.record import ANALYSIS_FILE, Analysis, load_analysis, write_analysis
@@ -84,12 +84,8 @@ class FoldResult:
                 f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: {self.proof_headline}")
 
 
-def _pass():
-    return gqa_fold
-
-
 def fold_key(digest: str) -> str:
-    return f"{digest[:24]}-p{_pass().PASS_VERSION}"
+    return f"{digest[:24]}-p{PASS_VERSION}"
 
 
 def report_json(report: FoldReport) -> dict[str, Any]:
@@ -97,7 +93,7 @@ def report_json(report: FoldReport) -> dict[str, Any]:
     after, the per-constant weight check and timings."""
     return {
         "source": report.source,
-        "pass": _pass().PASS_NAME,
+        "pass": PASS_NAME,
         "pass_version": report.pass_version,
         "changed": report.changed,
         "tiles_found": report.tiles_found,
@@ -329,7 +325,7 @@ def folded_build_key(spec: BuildSpec) -> str:
     prefix = base.rsplit("-", 1)[0]
     label = spec.source.label
     rest = prefix[len(label):].replace(f"-{FOLD_BASE_VARIANT}-", f"-{FOLD_VARIANT}-", 1)
-    digest = hashlib.sha256(f"{base}|{_pass().PASS_NAME}|{_pass().PASS_VERSION}".encode()).hexdigest()[:10]
+    digest = hashlib.sha256(f"{base}|{PASS_NAME}|{PASS_VERSION}".encode()).hexdigest()[:10]
     return f"{label}{rest}-{digest}"
 
 
@@ -346,7 +342,7 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
         return BuildResult(key, final, True, 0.0)
     base = run_build(spec, root, on_progress=on_progress)
     if on_progress is not None:
-        on_progress(Progress(0.9, "fold", f"folding {base.key} with {_pass().PASS_NAME}"))
+        on_progress(Progress(0.9, "fold", f"folding {base.key} with {PASS_NAME}"))
     fold = fold_cached(base.path, root, steps=min(spec.equivalence_steps, DEFAULT_STEPS))
     original = load_analysis(base.path)
     with key_lock(root, key):  # a .tmp-* folder lives only under its key lock (analyzer.convert.builds_folder)
@@ -358,7 +354,7 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
         try:
             copy_package(fold.package, tmp / PACKAGE_NAME)
             write_analysis(tmp / ANALYSIS_FILE, folded_analysis(original, fold, key))
-            (tmp / LOG_FILE).write_text(f"folded {base.key} with {_pass().PASS_NAME} v{_pass().PASS_VERSION}: "
+            (tmp / LOG_FILE).write_text(f"folded {base.key} with {PASS_NAME} v{PASS_VERSION}: "
                                         f"{fold.record['report']['tiles_folded']} tiles folded; "
                                         f"{fold.proof_headline}\n")
             os.rename(tmp, final)

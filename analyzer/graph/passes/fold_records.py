@@ -15,6 +15,11 @@ import numpy as np
 
 from analyzer.graph import replication
 
+# The Core ML pass's (``gqa_fold``) name and version, here so the fold cache's keys are made without coremltools.
+# Bump when the rewrite changes what it emits: folded packages are cached under (package hash, PASS_VERSION).
+PASS_VERSION = 2
+PASS_NAME = "qfold::fold_gqa_replication"
+
 
 @dataclass(frozen=True, slots=True)
 class TileDecision:

@@ -35,9 +35,6 @@ from analyzer.graph.passes.gqa_pattern import (
 )
 from analyzer.graph.replication import IndexCache, Replication
 
-# Bump when the rewrite changes what it emits: folded packages are cached under (package hash, PASS_VERSION).
-PASS_VERSION = 2
-PASS_NAME = "qfold::fold_gqa_replication"
 
 # ------------------------------------------------------------------------------------------------ the pass
 @register_pass(namespace="qfold")

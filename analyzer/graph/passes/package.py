@@ -36,8 +36,7 @@ from analyzer.graph.mil_reader import (
     tensor_info,
     weights_dir,
 )
-from analyzer.graph.passes.fold_records import FunctionBytes, TileDecision, WeightCheck
-from analyzer.graph.passes.gqa_fold import PASS_NAME, PASS_VERSION, fold_gqa_replication
+from analyzer.graph.passes.fold_records import PASS_NAME, PASS_VERSION, FunctionBytes, TileDecision, WeightCheck
 from analyzer.graph.shapes import read_sized
 
 # What runs after the fold (it is run on the Program first, so its decisions can be read back).
@@ -142,6 +141,7 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True,
     from coremltools.converters.mil.frontend.milproto.load import load as milproto_load
     from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 
+    from analyzer.graph.passes.gqa_fold import fold_gqa_replication  # the pass: coremltools' pymil
 
     t0 = time.monotonic()
     timings: dict[str, float] = {}
