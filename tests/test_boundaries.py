@@ -3,6 +3,7 @@ runs remote code, every import (lazy ones inside functions included) follows the
 makes no circle, the README's layout table is the tree, and no module grows past ~400 lines."""
 
 import ast
+import functools
 import pkgutil
 import re
 import subprocess
@@ -80,7 +81,10 @@ def imports_of(path: Path) -> set[str]:
     return out
 
 
-GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    """Module → the analyzer modules it imports (parsed when a test asks, not when the suite is collected)."""
+    return {name: imports_of(path) for name, path in MODULES.items()}
 
 
 def _layering() -> tuple[list[str], set[str]]:
@@ -106,7 +110,7 @@ def test_imports_follow_the_readme_layering():
     assert order == ["model", "graph", "convert", "device", "report", "cli"]
     assert base == {"errors", "fmt", "fsio", "jsonfields"}
     wrong = []
-    for module, targets in GRAPH.items():
+    for module, targets in import_graph().items():
         mine = _layer(module, order, base)
         for target in targets:
             theirs = _layer(target, order, base)
@@ -153,7 +157,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles_lazy_imports_included():
-    assert _cycles(GRAPH) == []
+    assert _cycles(import_graph()) == []
 
 
 def test_the_import_checks_can_fail():
@@ -162,8 +166,8 @@ def test_the_import_checks_can_fail():
     order, base = _layering()
     assert order.index(_layer("analyzer.report.catalog", order, base)) > order.index(
         _layer("analyzer.graph.record", order, base))
-    assert "analyzer.graph.mil_reader" in GRAPH["analyzer.graph.record"]  # edges are found
-    assert "analyzer.model.compress_spec" in GRAPH["analyzer.model.spec"]
+    assert "analyzer.graph.mil_reader" in import_graph()["analyzer.graph.record"]  # edges are found
+    assert "analyzer.model.compress_spec" in import_graph()["analyzer.model.spec"]
 
 
 # ---------------------------------------------------------------------------------------------- the tree
@@ -254,7 +258,9 @@ def heavy_at_import(path: Path) -> bool:
     return any(m.split(".")[0] in LAZY_ALLOWED for m in tops)
 
 
-HEAVY_MODULES = {name for name, path in MODULES.items() if heavy_at_import(path)}
+@functools.cache
+def heavy_modules() -> set[str]:
+    return {name for name, path in MODULES.items() if heavy_at_import(path)}
 
 
 def _boundary_modules() -> set[str]:
@@ -271,7 +277,7 @@ def test_imports_are_at_module_top_except_heavy_ones_at_boundaries():
         rel = path.relative_to(REPO).as_posix()
         me = _module_name(path) if rel.startswith("analyzer/") else None
         for line, module in lazy_imports(path):
-            heavy = module.split(".")[0] in LAZY_ALLOWED or module in HEAVY_MODULES
+            heavy = module.split(".")[0] in LAZY_ALLOWED or module in heavy_modules()
             if heavy or (me and module == me):  # a worker imports itself by name
                 lazy_modules.add(rel)
             else:
@@ -286,8 +292,8 @@ def test_the_lazy_import_check_can_fail(tmp_path):
                  "with open(os.devnull):\n    import re\nif os.sep:\n    import csv\n")
     assert lazy_imports(f) == [(4, "json"), (5, "torch"), (8, "re"), (10, "csv")]
     # the fold pass (a coremltools class) is heavy; the records its reports share are not
-    assert "analyzer.graph.passes.gqa_fold" in HEAVY_MODULES
-    assert "analyzer.graph.passes.fold_records" not in HEAVY_MODULES
+    assert "analyzer.graph.passes.gqa_fold" in heavy_modules()
+    assert "analyzer.graph.passes.fold_records" not in heavy_modules()
 
 
 # ---------------------------------------------------------------------------------------------- the dashboard
