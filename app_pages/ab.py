@@ -40,6 +40,12 @@ from app_pages import (
 )
 from app_pages.session_keys import Key
 
+# The tabs below are stateful and only the open one runs: a view of the page draws one tab's charts and tables, not
+# eight (about half the page's CPU, on the server and in the browser). Streamlit forgets the widgets it does not
+# draw, so the op-count and drill-down filters are kept aside and given back when their tab opens again.
+OPS_FORM = {"ab_ops_changed": False}
+DRILL_FORM = {"ab_drill_side": "A", "ab_drill_category": "total", "ab_drill_layer": "all", "ab_drill_type": "all"}
+
 st.title("A/B: where the KV copies go")
 st.caption("Two decode graphs of one model (Core ML or Core AI), compared op by op: the copies `repeat_kv` leaves "
            "in the program (MIL `tile`, Core AI `broadcast_in_dims`), the bytes each decode token moves, and what "
@@ -223,7 +229,7 @@ st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
 t_bytes, t_ops, t_tiles, t_layers, t_drill, t_phases, t_place, t_graph = st.tabs(
     ["Bytes by category", "Op counts", "Tiles", "Bytes per layer", "Ops behind a total",
      "Decode · prefill · roofline", "Placement", "Graph"],
-    key="ab_tab", on_change="rerun")  # stateful, so the Graph tab runs only when it is open
+    key="ab_tab", on_change="rerun")  # stateful: only the open tab runs (OPS_FORM above)
 
 with t_bytes:
     st.plotly_chart(figures.waterfall_figure(cats, label_a, label_b), key="ab_waterfall")
@@ -254,51 +260,62 @@ with t_bytes:
                     widgets.show_table(d.rows[["bytes", "name", "type", "layer", "rule"]], max_height=300)
 
 with t_ops:
-    changed_only = st.toggle("Only op types whose count changed", value=False, key="ab_ops_changed")
-    ops = figures.op_count_frame(diff, changed_only=changed_only)
-    st.plotly_chart(figures.op_count_figure(ops, label_a, label_b), key="ab_ops_chart")
-    with st.container():
-        st.markdown(f"**Ops: {h.total_ops_a:,} → {h.total_ops_b:,} with const, "
-                    f"{h.non_const_ops_a:,} → {h.non_const_ops_b:,} without**")
-        widgets.table_with_download(ops, "ab_ops_csv", "op_counts.csv", max_height=380)
+    if t_ops.open:
+        widgets.restore_form(OPS_FORM)
+        changed_only = st.toggle("Only op types whose count changed", key="ab_ops_changed")
+        widgets.keep_form(OPS_FORM)
+        ops = figures.op_count_frame(diff, changed_only=changed_only)
+        st.plotly_chart(figures.op_count_figure(ops, label_a, label_b), key="ab_ops_chart")
+        with st.container():
+            st.markdown(f"**Ops: {h.total_ops_a:,} → {h.total_ops_b:,} with const, "
+                        f"{h.non_const_ops_a:,} → {h.non_const_ops_b:,} without**")
+            widgets.table_with_download(ops, "ab_ops_csv", "op_counts.csv", max_height=380)
 
 with t_tiles:
-    for col, analysis, label in zip(st.columns(2), (analysis_a, analysis_b), (label_a, label_b), strict=True):
-        tiles = figures.tile_frame(analysis)
-        with col:
-            st.markdown(f"{fmt.md(label)}: **{len(tiles)} tile ops, "
-                        f"{fmt.size(analysis.summary.tile_output_bytes, 'auto', None)} of output**")
-            if len(tiles):
-                widgets.table_with_download(tiles, f"ab_tiles_csv_{label}", "tiles.csv", max_height=380,
-                                           display=frames.with_units(tiles, ["output_bytes"]))
-            else:
-                st.caption("No tile ops: K and V are read at their stored width.")
+    if t_tiles.open:
+        for col, analysis, label in zip(st.columns(2), (analysis_a, analysis_b), (label_a, label_b), strict=True):
+            tiles = figures.tile_frame(analysis)
+            with col:
+                st.markdown(f"{fmt.md(label)}: **{len(tiles)} tile ops, "
+                            f"{fmt.size(analysis.summary.tile_output_bytes, 'auto', None)} of output**")
+                if len(tiles):
+                    widgets.table_with_download(tiles, f"ab_tiles_csv_{label}", "tiles.csv", max_height=380,
+                                               display=frames.with_units(tiles, ["output_bytes"]))
+                else:
+                    st.caption("No tile ops: K and V are read at their stored width.")
 
 with t_layers:
-    layers = figures.layer_frame(analysis_a, analysis_b, label_a, label_b)
-    st.plotly_chart(figures.layer_figure(layers), key="ab_layers_chart")
-    widgets.table_with_download(layers, "ab_layers_csv", "bytes_by_layer.csv", max_height=300,
-                               display=frames.with_units(layers, ["total"]))
+    if t_layers.open:
+        layers = figures.layer_frame(analysis_a, analysis_b, label_a, label_b)
+        st.plotly_chart(figures.layer_figure(layers), key="ab_layers_chart")
+        widgets.table_with_download(layers, "ab_layers_csv", "bytes_by_layer.csv", max_height=300,
+                                   display=frames.with_units(layers, ["total"]))
 
 with t_drill:
-    st.markdown("Filter the op table down to any total: every op's bytes per token, by category, largest first.")
-    side = st.radio("Analysis", ["A", "B"], horizontal=True, key="ab_drill_side",
-                    format_func=lambda s: f"{s}: {fmt.md(label_a if s == 'A' else label_b)}")
-    ref, analysis = (ref_a, analysis_a) if side == "A" else (ref_b, analysis_b)
-    ops_table = analyses.op_table(ref)
-    f1, f2, f3 = st.columns(3)
-    category = f1.selectbox("Category", ["total", *CATEGORIES], key="ab_drill_category")
-    layer_options = ["all", *sorted(int(v) for v in ops_table["layer"].dropna().unique()), figures.OUTSIDE_LAYERS]
-    layer = f2.selectbox("Layer", layer_options, key="ab_drill_layer",
-                         format_func=lambda v: "all layers" if v == "all" else
-                         "outside the decoder layers" if v == figures.OUTSIDE_LAYERS else f"layer {v}")
-    op_type = f3.selectbox("Op type", ["all", *sorted(ops_table["type"].unique())], key="ab_drill_type")
-    d = figures.drilldown(ops_table, category, layer, None if op_type == "all" else op_type)
-    total = analysis.bytes_per_token.get(category)
-    share = f", {100 * d.sum_bytes / total:.1f}% of the analysis's {category} per token" if total else ""
-    st.markdown(f"**{len(d.rows):,} ops, sum {d.sum_bytes:,} bytes ({fmt.size(d.sum_bytes, 'auto', None)}, "
-                f"{fmt.size(d.sum_bytes, 'auto-si', None)})** per token{share}")
-    widgets.table_with_download(d.rows, "ab_drill_csv", f"ops_{side}_{category}.csv", max_height=420)
+    if t_drill.open:
+        st.markdown("Filter the op table down to any total: every op's bytes per token, by category, largest first.")
+        widgets.restore_form({k: DRILL_FORM[k] for k in ("ab_drill_side", "ab_drill_category")})
+        side = st.radio("Analysis", ["A", "B"], horizontal=True, key="ab_drill_side",
+                        format_func=lambda s: f"{s}: {fmt.md(label_a if s == 'A' else label_b)}")
+        ref, analysis = (ref_a, analysis_a) if side == "A" else (ref_b, analysis_b)
+        ops_table = analyses.op_table(ref)
+        f1, f2, f3 = st.columns(3)
+        category = f1.selectbox("Category", ["total", *CATEGORIES], key="ab_drill_category")
+        layer_options = ["all", *sorted(int(v) for v in ops_table["layer"].dropna().unique()), figures.OUTSIDE_LAYERS]
+        type_options = ["all", *sorted(ops_table["type"].unique())]
+        widgets.restore_form({k: DRILL_FORM[k] for k in ("ab_drill_layer", "ab_drill_type")},
+                             {"ab_drill_layer": layer_options, "ab_drill_type": type_options})
+        layer = f2.selectbox("Layer", layer_options, key="ab_drill_layer",
+                             format_func=lambda v: "all layers" if v == "all" else
+                             "outside the decoder layers" if v == figures.OUTSIDE_LAYERS else f"layer {v}")
+        op_type = f3.selectbox("Op type", type_options, key="ab_drill_type")
+        widgets.keep_form(DRILL_FORM)
+        d = figures.drilldown(ops_table, category, layer, None if op_type == "all" else op_type)
+        total = analysis.bytes_per_token.get(category)
+        share = f", {100 * d.sum_bytes / total:.1f}% of the analysis's {category} per token" if total else ""
+        st.markdown(f"**{len(d.rows):,} ops, sum {d.sum_bytes:,} bytes ({fmt.size(d.sum_bytes, 'auto', None)}, "
+                    f"{fmt.size(d.sum_bytes, 'auto-si', None)})** per token{share}")
+        widgets.table_with_download(d.rows, "ab_drill_csv", f"ops_{side}_{category}.csv", max_height=420)
 
 with t_phases:
     if t_phases.open:

@@ -53,14 +53,17 @@ def persisted_radio(label: str, options: Sequence[Any], key: str, default: Any, 
     return st.session_state[key]
 
 
-def restore_form(defaults: dict[str, Any]) -> None:
-    """Give a page's widgets their values back after a visit to another page: Streamlit forgets the state of
-    widgets that are not drawn, so :func:`keep_form` copies it under ``<key>__kept`` (plain state, kept) and
-    this puts it back (or the default) before the widgets are drawn. Draw the widgets without a default
+def restore_form(defaults: dict[str, Any], options: dict[str, Sequence[Any]] | None = None) -> None:
+    """Give a page's widgets their values back after a visit to another page (or tab): Streamlit forgets the
+    state of widgets that are not drawn, so :func:`keep_form` copies it under ``<key>__kept`` (plain state, kept)
+    and this puts it back (or the default) before the widgets are drawn; a value no longer among the widget's
+    ``options`` (another pair's layers) becomes the default. Draw the widgets without a default
     (``value``/``index``), so the state is their one source."""
     for key, default in defaults.items():
         if key not in st.session_state:
             st.session_state[key] = st.session_state.get(f"{key}__kept", default)
+        if options and key in options and st.session_state[key] not in options[key]:
+            st.session_state[key] = default
 
 
 def keep_form(defaults: dict[str, Any]) -> None:

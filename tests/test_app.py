@@ -48,6 +48,7 @@ def new_app(timeout_s: float = TIMEOUT_S) -> AppTest:
 
 
 DEFAULT_PAGE = "app_pages/ab.py"
+DRILL_TAB = "Ops behind a total"  # the A/B page's drill-down tab (its tabs run only when open)
 
 
 def open_page(page: str | None = None, **state) -> AppTest:
@@ -119,11 +120,15 @@ def test_ab_page_shows_the_default_pair(expected_pair):
     expected = "uncompressed torch weights" if compressed else "bit-identical"
     assert any(expected in s and "greedy agreement" in s for s in texts(at.success)), texts(at.success)
     assert any("No Core ML runtime on Linux" in c for c in texts(at.caption))
-    # the drill-down tab sums the ops of every category: all of them for the total
-    assert any(f"sum {a.bytes_per_token.total:,} bytes" in m and "100.0% of" in m for m in texts(at.markdown))
     # the measured (top8) pair states the preset's assumed attention precision; an fp16 pair assumes nothing
     compressed = a.build is not None and a.build.spec.compression is not None
     assert any("Assumed" in c for c in texts(at.caption)) == compressed
+    # only the open tab runs: the drill-down's table is drawn when its tab is opened
+    assert not any("100.0% of" in m for m in texts(at.markdown))
+    at.session_state["ab_tab"] = DRILL_TAB
+    at.run()
+    # the drill-down tab sums the ops of every category: all of them for the total
+    assert any(f"sum {a.bytes_per_token.total:,} bytes" in m and "100.0% of" in m for m in texts(at.markdown))
 
 
 def test_ab_bandwidth_setting_changes_the_prediction_everywhere(expected_pair):
@@ -145,7 +150,7 @@ def test_ab_bandwidth_setting_changes_the_prediction_everywhere(expected_pair):
 
 
 def test_ab_drilldown_filters_to_a_layer_and_op_type(expected_pair):
-    at = open_page()
+    at = open_page(ab_tab=DRILL_TAB)
     a, _ = expected_pair
     at.selectbox(key="ab_drill_category").set_value("replication")
     at.selectbox(key="ab_drill_layer").set_value(0)
@@ -153,7 +158,16 @@ def test_ab_drilldown_filters_to_a_layer_and_op_type(expected_pair):
     layer0 = next(r for r in a.bytes_by_layer if r.layer == 0)
     assert any(f"sum {layer0.replication:,} bytes" in m for m in texts(at.markdown)), texts(at.markdown)
     at.selectbox(key="ab_drill_type").set_value("tile").run()
-    assert any(f"2 ops, sum {layer0.replication // 2:,} bytes" in m for m in texts(at.markdown))
+    tile_rows = f"2 ops, sum {layer0.replication // 2:,} bytes"
+    assert any(tile_rows in m for m in texts(at.markdown))
+    # another tab and back: the filters are as they were (Streamlit forgets widgets it does not draw)
+    at.session_state["ab_tab"] = "Bytes by category"
+    at.run()
+    assert not any(tile_rows in m for m in texts(at.markdown))
+    at.session_state["ab_tab"] = DRILL_TAB
+    at.run()
+    assert at.selectbox(key="ab_drill_type").value == "tile" and at.selectbox(key="ab_drill_layer").value == 0
+    assert any(tile_rows in m for m in texts(at.markdown))
 
 
 def test_ab_page_states_the_top8_assumptions_and_the_weight_charge_option(expected_pair):
