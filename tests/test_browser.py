@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,26 +126,28 @@ def upload(page, files) -> None:
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(files)
 
 
-# The page is idle: no script run in progress (Streamlit's status widget shows its running icon only during one) and
-# every plotly chart drawn (its SVG is in the page).
-IDLE_JS = """() => !document.querySelector('[data-testid="stStatusWidgetRunningIcon"]')
-    && [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('svg.main-svg'))"""
+# The page has been idle (no script run in progress: Streamlit's status widget shows its running icon only during
+# one; every plotly chart drawn, its SVG in the page) for ``quiet`` ms, since the call that passed ``token``. Polled
+# inside the page (``wait_for_function``), not by a round trip from Python per poll.
+SETTLE_JS = """([quiet, token]) => {
+    const idle = !document.querySelector('[data-testid="stStatusWidgetRunningIcon"]')
+        && [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('svg.main-svg'));
+    const now = performance.now(), state = window.__qfoldSettle;
+    if (!idle || !state || state.token !== token || state.since === null) {
+        window.__qfoldSettle = {token, since: idle ? now : null};
+        return false;
+    }
+    return now - state.since >= quiet;
+}"""
 
 
 def settle(page, quiet_s: float = 0.5, timeout_s: float = WAIT_MS / 1000) -> None:
     """Wait until the page has been idle for ``quiet_s`` (a click's rerun starts within that): what a fixed
     wait hoped for, checked, so a slow machine waits longer and a fast one does not wait for nothing."""
-    deadline = time.monotonic() + timeout_s
-    since = None
-    while time.monotonic() < deadline:
-        if not page.evaluate(IDLE_JS):
-            since = None
-        elif since is None:
-            since = time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the page was not idle for {quiet_s} s within {timeout_s} s")
+    try:
+        page.wait_for_function(SETTLE_JS, arg=[quiet_s * 1000, uuid.uuid4().hex], polling=50, timeout=timeout_s * 1000)
+    except sync_api.TimeoutError:
+        raise AssertionError(f"the page was not idle for {quiet_s} s within {timeout_s} s") from None
 
 
 def assert_no_crash(page) -> None:
