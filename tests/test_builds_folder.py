@@ -18,7 +18,7 @@ import pytest
 from analyzer.convert.builds_folder import QUEUE_DIR, clean_stale_tmp, key_lock, latest_log, lock_is_held, queue
 from analyzer.convert.checks import is_reduced_size
 from analyzer.convert.fork_server import start_child
-from analyzer.convert.launch import list_builds, run_build, run_child
+from analyzer.convert.launch import child_env, list_builds, run_build, run_child
 from analyzer.errors import BuildError
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.model.spec import BuildSpec
@@ -147,7 +147,7 @@ def test_kill_9_at_every_stage_leaves_nothing_listed_and_the_next_build_works(tm
     for stage in STAGES:
         # as the launcher starts it: forked by the fork server on Linux (a new process elsewhere)
         proc = start_child([sys.executable, "-m", "analyzer.convert.child", str(request), str(tmp_path)],
-                           dict(os.environ), REPO)
+                           child_env(), REPO)
         try:
             for line in proc.stdout:
                 if f'"stage": "{stage}"' in line:

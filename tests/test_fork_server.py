@@ -16,7 +16,7 @@ import pytest
 
 from analyzer.convert import fork_server
 from analyzer.convert.fork_server import ForkedChild, start_child
-from analyzer.convert.launch import REPO_ROOT
+from analyzer.convert.launch import REPO_ROOT, child_env
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.model.spec import BuildSpec
 from tests.conftest import TINY_CTX, TINY_OVERRIDES
@@ -41,7 +41,7 @@ def waiting_child(tmp_path: Path, env: dict[str, str]) -> tuple[ForkedChild, obj
 
 
 def test_children_are_forked_by_one_server_in_their_own_sessions(tmp_path):
-    env = dict(os.environ)
+    env = child_env()
     first, holder = waiting_child(tmp_path, env)
     try:
         server = fork_server._SERVER
@@ -64,10 +64,10 @@ def test_children_are_forked_by_one_server_in_their_own_sessions(tmp_path):
 
 def test_another_value_of_an_import_time_variable_gets_its_own_server(tmp_path):
     cmd = child_cmd(tmp_path / "missing.json", tmp_path)
-    assert start_child(cmd, dict(os.environ), REPO_ROOT).wait(timeout=60) == 1
+    assert start_child(cmd, child_env(), REPO_ROOT).wait(timeout=60) == 1
     before = fork_server._SERVER
     threads = "3" if os.environ.get("OMP_NUM_THREADS") != "3" else "2"
-    child = start_child(cmd, {**os.environ, "OMP_NUM_THREADS": threads}, REPO_ROOT)
+    child = start_child(cmd, {**child_env(), "OMP_NUM_THREADS": threads}, REPO_ROOT)
     assert child.wait(timeout=60) == 1
     assert fork_server._SERVER is not before and fork_server._SERVER.env["OMP_NUM_THREADS"] == threads
     assert before.proc.wait(timeout=30) == 0  # the old one, told to close, exits
@@ -75,12 +75,12 @@ def test_another_value_of_an_import_time_variable_gets_its_own_server(tmp_path):
 
 def test_a_dead_server_is_replaced_and_other_commands_are_not_forked(tmp_path):
     cmd = child_cmd(tmp_path / "missing.json", tmp_path)
-    assert start_child(cmd, dict(os.environ), REPO_ROOT).wait(timeout=60) == 1
+    assert start_child(cmd, child_env(), REPO_ROOT).wait(timeout=60) == 1
     server = fork_server._SERVER
     server.proc.kill()
     server.proc.wait()
-    child = start_child(cmd, dict(os.environ), REPO_ROOT)
+    child = start_child(cmd, child_env(), REPO_ROOT)
     assert isinstance(child, ForkedChild) and child.wait(timeout=60) == 1
     assert fork_server._SERVER is not server and fork_server._SERVER.alive()
-    plain = start_child([sys.executable, "-c", "print('hi')"], dict(os.environ), REPO_ROOT)
+    plain = start_child([sys.executable, "-c", "print('hi')"], child_env(), REPO_ROOT)
     assert not isinstance(plain, ForkedChild) and plain.wait(timeout=60) == 0 and plain.stdout.read() == "hi\n"

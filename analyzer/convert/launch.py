@@ -163,6 +163,13 @@ def _child_request(root: Path, name: str, request: dict, module: str) -> tuple[l
     return [sys.executable, "-m", module, str(path), str(root)], log_path
 
 
+def child_env() -> dict[str, str]:
+    """The environment a conversion child gets: this process's, with the checkout on ``PYTHONPATH`` (the child runs
+    ``python -m analyzer...`` from it). A fork server serves requests of one import-time environment, so whatever
+    starts a child the launcher's way passes this one (tests/test_builds_folder.py)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+
+
 def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[Progress], None] | None = None,
               timeout_s: float | None = None, t0: float | None = None) -> dict[str, str]:
     """Run the conversion child ``cmd`` (building ``what``), relaying its progress; returns what it did per key
@@ -172,7 +179,7 @@ def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[
     (``analyzer.convert.fork_server``), which has imported the child's modules already."""
 
     t0 = time.monotonic() if t0 is None else t0
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    env = child_env()
     lines: queue_mod.Queue[str | None] = queue_mod.Queue()
     last_error, outcomes = "", {}
     with log_path.open("w") as log:
