@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from analyzer.convert.builds_folder import clean_stale_tmp, key_lock, tmp_folder
 from analyzer.convert.fold_cache import FOLD_FILE, FOLDS_DIR
@@ -48,13 +48,10 @@ from analyzer.graph.aimodel.asset import HASH_FILE, check_asset
 from analyzer.graph.aimodel.runtime import asset_in
 from analyzer.graph.mil_reader import find_package, read_program
 from analyzer.graph.passes.fold_records import PASS_NAME, PASS_VERSION
-from analyzer.graph.passes.package import fold_package, package_digest
+from analyzer.graph.passes.package import FoldReport, fold_package, package_digest
 from analyzer.graph.passes.proof import DEFAULT_STEPS, FoldProof, folded_check, prove_fold
 from analyzer.graph.record import ANALYSIS_FILE, Analysis, load_analysis, write_analysis
 from analyzer.model.spec import FOLD_BASE_VARIANT, FOLD_VARIANT, BuildSpec, check_fold_route
-
-if TYPE_CHECKING:  # the pass imports coremltools; importing this module (CLI --help) must stay light
-    from analyzer.graph.passes.package import FoldReport
 
 MAX_SPEC_BYTES = 1 << 20  # an input spec names a few inputs
 
