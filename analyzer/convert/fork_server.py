@@ -134,17 +134,23 @@ _SERVER_LOCK = threading.Lock()
 _CLOSED: list[_Server] = []  # servers told to stop, not yet reaped
 
 
+def _retire_server() -> None:
+    """Tell this process's server to stop (it exits once its running children have ended) and keep it to be reaped
+    (``stop_servers``). Call with ``_SERVER_LOCK`` held."""
+    global _SERVER
+    if _SERVER is not None:
+        _SERVER.close()
+        _CLOSED.append(_SERVER)
+        _SERVER = None
+
+
 def stop_servers(wait_s: float = EXIT_WAIT_S) -> None:
     """Stop this process's servers and wait up to ``wait_s`` for them to end (at exit, too): a server is reaped by
     its requester, as a Popen'd child would be, so no zombie remains and its CPU time (with its children's) is
     counted in the requester's (``time``, ``RUSAGE_CHILDREN``). A server whose child still runs is left to exit
     when that child has."""
-    global _SERVER
     with _SERVER_LOCK:
-        if _SERVER is not None:
-            _SERVER.close()
-            _CLOSED.append(_SERVER)
-            _SERVER = None
+        _retire_server()
         deadline = time.monotonic() + wait_s
         for server in _CLOSED:
             try:
@@ -172,18 +178,14 @@ def start_child(cmd: list[str], env: dict[str, str], cwd: str | Path):
             for _ in range(2):  # a server that went idle between our check and the request: start another
                 if _SERVER is None or not _SERVER.alive() or \
                         _import_time_env(_SERVER.env) != _import_time_env(env):
-                    if _SERVER is not None:
-                        _SERVER.close()
-                        _CLOSED.append(_SERVER)
+                    _retire_server()
                     _SERVER = _Server(env, str(cwd))
                 if not _SERVER.ready:
                     break
                 try:
                     return _SERVER.request(module, cmd[3:], env, str(cwd))
                 except OSError:
-                    _SERVER.close()
-                    _CLOSED.append(_SERVER)
-                    _SERVER = None
+                    _retire_server()
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(cwd),
                             bufsize=1, start_new_session=True)
 
