@@ -8,6 +8,8 @@ Data-movement and integer ops must match exactly.
 
 from __future__ import annotations
 
+import sys
+
 import coremltools as ct
 import numpy as np
 import pytest
@@ -597,3 +599,24 @@ def test_activation_quantize_dequantize(tmp_path):
     out = load_interpreter(_save(prog, tmp_path / "q.mlpackage")).run({"x": x}).outputs["dq"]
     q = np.clip(np.round(x.astype(np.float32) / np.float32(scale)) + 3, -128, 127)
     _close(out, np.float32(scale) * (q - 3))
+
+
+def test_fp16_widening_is_the_same_with_numpy_or_torch(monkeypatch):
+    """Every fp16 bit pattern widened both ways (ops._common.widen_into: NumPy until a process has widened
+    TORCH_AFTER_ELEMENTS or imported torch, then torch's vectorized copy) gives the same fp32 bits; a NaN stays
+    a NaN (torch quiets a signalling NaN's payload, NumPy keeps it)."""
+    from analyzer.graph.interpret.ops import _common
+
+    src = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    monkeypatch.setattr(_common, "_widened", [0])
+    monkeypatch.delitem(sys.modules, "torch")  # a process that has not imported torch
+    by_numpy = _common.widen_into(np.empty(src.shape, np.float32), src)
+    assert _common._widened == [src.size]  # counted: NumPy did it
+    monkeypatch.undo()
+    monkeypatch.setattr(_common, "_widened", [_common.TORCH_AFTER_ELEMENTS])
+    by_torch = _common.widen_into(np.empty(src.shape, np.float32), src)
+    assert _common._widened == [_common.TORCH_AFTER_ELEMENTS]  # not counted: torch did it
+    nan = np.isnan(src)
+    assert np.array_equal(np.isnan(by_numpy), nan) and np.array_equal(np.isnan(by_torch), nan)
+    assert np.array_equal(by_numpy.view(np.uint32)[~nan], by_torch.view(np.uint32)[~nan])
+    assert np.array_equal(by_numpy[~nan], src[~nan].astype(np.float64))

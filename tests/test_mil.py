@@ -1,6 +1,9 @@
 """The walker and the byte account on hand-built MIL programs whose bytes can be added up on paper."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import coremltools as ct
 import numpy as np
@@ -10,6 +13,8 @@ from coremltools.converters.mil.mil import types
 
 from analyzer.graph.accounting import RULES, account
 from analyzer.graph.mil_reader import layer_from_name, read_program
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _save(prog, path):
@@ -302,3 +307,27 @@ def test_the_dashboard_catalog_offers_each_function(multifunction_package, three
     assert load_analysis(refs[1].path, refs[1].function).function == "prefill"
     (single,) = package_refs(three_op_package)
     assert single.function is None and "#" not in single.id
+
+
+def test_reading_or_running_a_small_package_imports_neither_coremltools_nor_torch(three_op_package):
+    """Reading a package needs coremltools' protobuf modules only (analyzer.graph.milproto.coreml_proto), and the
+    interpreter widens a small program's fp16 with NumPy (ops._common.TORCH_AFTER_ELEMENTS): a process that reads or
+    runs one (inspect, diff, run, the dashboard) does not pay coremltools' import (~4-6 s of CPU: its converters
+    import torch) nor torch's (~3 s). Imported afterwards, coremltools' message classes are the reader's."""
+    code = (
+        "import sys\n"
+        "from analyzer.graph.mil_reader import read_program, read_spec\n"
+        f"program = read_program({str(three_op_package)!r})\n"
+        "assert [op.type for op in program.ops if op.type != 'const'] == ['tile', 'reshape', 'matmul'], program.ops\n"
+        "from analyzer.graph.interpret import load_interpreter\n"
+        "interp = load_interpreter(program.path)\n"
+        "import numpy as np\n"
+        "out = interp.run({'k_cache': np.ones((1, 2, 1, 8, 4), np.float16)}).outputs\n"
+        "assert list(out) == ['scores'] and out['scores'].shape == (1, 8, 1, 8)\n"
+        "assert 'coremltools' not in sys.modules and 'torch' not in sys.modules, 'imported to read or run'\n"
+        f"spec = read_spec({str(three_op_package)!r})\n"
+        "from coremltools.proto import Model_pb2\n"
+        "assert type(spec) is Model_pb2.Model\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -29,7 +29,7 @@ from analyzer.graph.mil_records import (
     TensorInfo,
     consumer_map,
 )
-from analyzer.graph.milproto import Blobs, feature_info, tensor_info, walk_block
+from analyzer.graph.milproto import Blobs, coreml_proto, feature_info, tensor_info, walk_block
 from analyzer.graph.opfacts import derive_op_facts, layer_from_name
 
 __all__ = [
@@ -114,11 +114,9 @@ def weights_dir(pkg: Path) -> Path:
 
 
 def _load_ml_program(pkg: Path):
-    from coremltools.proto import Model_pb2
-
     path = root_model_path(pkg)
     data = read_bytes_bounded(path, MAX_MODEL_PROTO_BYTES, MilError)
-    spec = Model_pb2.Model()
+    spec = coreml_proto("Model_pb2").Model()
     try:
         spec.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:

@@ -8,11 +8,15 @@ all zeros.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import struct
+import sys
 from collections import ChainMap
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -33,13 +37,42 @@ _BLOB_HEADER = struct.Struct("<IIQQ")  # sentinel, dtype, size in bytes, offset 
 _WEIGHTS_PARTS = ("Data", "com.apple.CoreML", "weights")
 
 
+# coremltools' generated protobuf modules (coremltools/proto/*_pb2.py) import only protobuf and each other
+# (relatively), but ``import coremltools.proto.X`` runs ``coremltools/__init__.py`` first, which imports its
+# converters and torch: ~4-6 s of CPU for a process that only reads a package (inspect, diff, run, the dashboard).
+# So a process that has not imported coremltools loads the same files as a package of another name; protobuf
+# registers each .proto file once (an identical second registration is the same file), so the message classes are
+# coremltools' own classes whichever way they were loaded.
+_PROTO_ALIAS = "qfold_coremltools_proto"
+
+
+def coreml_proto(name: str) -> ModuleType:
+    """coremltools' generated protobuf module ``name`` (``"Model_pb2"``, ``"MIL_pb2"``, ...), without importing
+    coremltools itself when it is not imported yet."""
+    if "coremltools" in sys.modules:
+        return importlib.import_module(f"coremltools.proto.{name}")
+    if _PROTO_ALIAS not in sys.modules:
+        found = importlib.util.find_spec("coremltools")
+        if found is None or found.origin is None:
+            raise ModuleNotFoundError("No module named 'coremltools'", name="coremltools")
+        folder = Path(found.origin).parent / "proto"
+        spec = importlib.util.spec_from_file_location(_PROTO_ALIAS, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_PROTO_ALIAS] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[_PROTO_ALIAS]
+            raise
+    return importlib.import_module(f"{_PROTO_ALIAS}.{name}")
+
+
 def dtype_name(enum_value: int, where: str = "a tensor") -> str:
     """The MIL dtype of a ``DataType`` enum value; a value the enum does not define is a ``MilError`` naming
     ``where`` (protobuf keeps unknown enum values as plain ints)."""
-    from coremltools.proto import MIL_pb2
-
     try:
-        name = MIL_pb2.DataType.Name(enum_value)
+        name = coreml_proto("MIL_pb2").DataType.Name(enum_value)
     except ValueError:
         raise MilError(f"{where}: unknown dataType enum value {enum_value}") from None
     return _PROTO_DTYPE.get(name, name.lower())
@@ -60,13 +93,12 @@ def tensor_info(name: str, value_type) -> TensorInfo:
 
 def feature_info(feature) -> TensorInfo:
     """An output or state of the model description (a multi-array, possibly wrapped as a state)."""
-    from coremltools.proto import FeatureTypes_pb2
-
     ft = feature.type
     arr = ft.stateType.arrayType if ft.WhichOneof("Type") == "stateType" else ft.multiArrayType
     shape = tuple(int(d) for d in arr.shape)
     try:
-        enum_name = FeatureTypes_pb2.ArrayFeatureType.ArrayDataType.Name(arr.dataType)  # "FLOAT16", "INT32", ...
+        array_types = coreml_proto("FeatureTypes_pb2").ArrayFeatureType.ArrayDataType
+        enum_name = array_types.Name(arr.dataType)  # "FLOAT16", "INT32", ...
     except ValueError:
         raise MilError(f"feature {feature.name!r} of the model description: unknown dataType enum value "
                        f"{arr.dataType}") from None

@@ -22,7 +22,8 @@ Precision: values between ops are held in the program's own dtypes (fp16 in an f
 fp32 or better (matmul / linear / conv / einsum accumulate in fp32 via BLAS; sums, means, softmax and norms
 accumulate in fp32) and its result is rounded once to the dtype the program declares for that op's output.
 Weights are memory-mapped from weight.bin and widened to fp32 block by block at use, never all at once
-(with torch's vectorized fp16 → fp32 conversion when torch is installed: exact, 8x NumPy's cast loop here);
+(with torch's vectorized fp16 → fp32 conversion when torch is installed, once a process has widened
+512 Mi elements or imported torch anyway: exact, 8x NumPy's cast loop here);
 constexpr_* (compressed) weights are decompressed once, on first use, and cached. Loading a program sets
 glibc's malloc to reuse freed memory (process-wide; see program._reuse_freed_memory).
 """

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 
 import numpy as np
 
-# fp16 → fp32 widening is exact, so any converter gives the same bits. NumPy's half → float cast is a scalar loop
-# (~1 G elements per CPU-second here); torch's is vectorized (F16C), 8x faster per element measured on this
-# machine. A full-size decode step widens ~1.8 G elements (every weight once, the replicated KV), so the
-# interpreter borrows torch's conversion when torch is installed (qfold's own requirements pin it). It copies
-# in chunks of at most torch's parallel grain size (``at::internal::GRAIN_SIZE`` = 32768), so each copy runs on
-# the calling thread: a 2-thread copy of 128 Ki elements took 100x the CPU time on the loaded 2-core machine.
+# fp16 → fp32 widening is exact, so any converter gives the same values (a NaN stays a NaN). NumPy's half →
+# float cast is a scalar loop (~1 G elements per CPU-second here); torch's is vectorized (F16C), 8x faster per
+# element measured on this machine. A full-size decode step widens ~1.8 G elements (every weight once, the
+# replicated KV), so the interpreter borrows torch's conversion when torch is installed (qfold's own requirements
+# pin it). It copies in chunks of at most torch's parallel grain size (``at::internal::GRAIN_SIZE`` = 32768), so
+# each copy runs on the calling thread: a 2-thread copy of 128 Ki elements took 100x the CPU time on the loaded
+# 2-core machine. Importing torch costs ~3 s of CPU, what NumPy takes to widen ~3 G elements: a process that has
+# not imported it widens with NumPy until it has widened TORCH_AFTER_ELEMENTS (a small program never imports it).
 WIDEN_CHUNK = 32768
+TORCH_AFTER_ELEMENTS = 1 << 29
+_widened = [0]  # elements widened by NumPy in this process
 
 
 @functools.cache
@@ -27,6 +32,10 @@ def _torch():
 
 def widen_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     """``dst[...] = src`` for fp16 ``src`` and fp32 ``dst`` of the same shape (exact); returns ``dst``."""
+    if "torch" not in sys.modules and _widened[0] < TORCH_AFTER_ELEMENTS:
+        _widened[0] += src.size
+        np.copyto(dst, src)
+        return dst
     torch = _torch()
     if torch is None or src.dtype != np.float16 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
         np.copyto(dst, src)
