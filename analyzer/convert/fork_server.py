@@ -15,8 +15,17 @@ Only variables that qfold reads when it uses them may differ between a request a
 (``QFOLD_*``, and pytest's per-test ``PYTEST_*``): any other one may have been read by a library at import (torch's
 ``OMP_NUM_THREADS``), so a request with another value gets a server started with it. The server exits when the
 process that started it does (its stdin is that process's pipe) or after :data:`IDLE_S` without a child, so an idle
-dashboard does not hold ~0.4 GB for nothing; the next request starts a new one. Elsewhere (macOS: Apple's frameworks
-are not fork-safe) and when the server cannot start, children are started with ``subprocess.Popen`` as before.
+dashboard does not hold ~0.4 GB for nothing; the next request starts a new one.
+
+A running server is shared: it also listens on an abstract Unix socket named after what makes a child the same
+(:mod:`analyzer.convert.fork_address`: the user, the interpreter, qfold's own files as they are on disk, the
+import-time environment), and a process with no server of its own first asks there. So a ``qfold build`` started
+while the dashboard (or a test run) has a server forks its child from that server instead of importing everything
+again (~8 s of CPU). Only a process of the same user is served; a server stops listening once its own process has
+gone, and a requester whose server went away starts its own.
+
+Elsewhere (macOS: Apple's frameworks are not fork-safe) and when the server cannot start, children are started with
+``subprocess.Popen`` as before.
 """
 
 from __future__ import annotations
@@ -39,11 +48,11 @@ from pathlib import Path
 from typing import IO
 
 from analyzer.convert import progress
+from analyzer.convert.fork_address import connect, import_time_env, listen, same_user, server_address
 
 PRELOAD = ("analyzer.convert.child", "analyzer.convert.fold_child")  # what a child imports; all of it, once
 IDLE_S = 600.0
 EXIT_WAIT_S = 10.0  # how long a requester, as it exits, waits for its servers to end
-RUNTIME_ENV_PREFIXES = ("QFOLD_", "PYTEST_")  # read when used, never at import: may differ per request
 _MAX_MESSAGE = 1 << 20
 
 
@@ -92,7 +101,8 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = env
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "analyzer.convert.fork_server", str(theirs.fileno())], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "analyzer.convert.fork_server", str(theirs.fileno()), server_address(env).hex()],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd, pass_fds=(theirs.fileno(),),
             start_new_session=True)
         theirs.close()
@@ -129,6 +139,26 @@ class _Server:
             self.proc.stdin.close()  # the server's lifeline
 
 
+class _Shared(_Server):
+    """A connection to a server another process started (:func:`server_address`); closing it closes only the
+    connection. ``proc`` is None: that process reaps the server."""
+
+    def __init__(self, env: dict[str, str], control: socket.socket):
+        self.env, self.control, self.proc, self.ready = env, control, None, True
+
+    def alive(self) -> bool:
+        return self.control.fileno() >= 0
+
+    def close(self) -> None:
+        self.control.close()
+
+
+def _connect(env: dict[str, str]) -> _Shared | None:
+    """A connection to the running server for ``env``, if there is one."""
+    conn = connect(server_address(env))
+    return None if conn is None else _Shared(env, conn)
+
+
 _SERVER: _Server | None = None
 _SERVER_LOCK = threading.Lock()
 _CLOSED: list[_Server] = []  # servers told to stop, not yet reaped
@@ -140,7 +170,8 @@ def _retire_server() -> None:
     global _SERVER
     if _SERVER is not None:
         _SERVER.close()
-        _CLOSED.append(_SERVER)
+        if _SERVER.proc is not None:  # a shared server is reaped by the process that started it
+            _CLOSED.append(_SERVER)
         _SERVER = None
 
 
@@ -163,10 +194,6 @@ def stop_servers(wait_s: float = EXIT_WAIT_S) -> None:
 atexit.register(stop_servers)
 
 
-def _import_time_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if not k.startswith(RUNTIME_ENV_PREFIXES)}
-
-
 def start_child(cmd: list[str], env: dict[str, str], cwd: str | Path):
     """Start ``cmd`` in its own session with stdout and stderr on one text pipe. ``python -m M ...`` of a module the
     server preloads (:data:`PRELOAD`) becomes a :class:`ForkedChild` of the fork server on Linux; anything else (or
@@ -177,9 +204,9 @@ def start_child(cmd: list[str], env: dict[str, str], cwd: str | Path):
         with _SERVER_LOCK:
             for _ in range(2):  # a server that went idle between our check and the request: start another
                 if _SERVER is None or not _SERVER.alive() or \
-                        _import_time_env(_SERVER.env) != _import_time_env(env):
+                        import_time_env(_SERVER.env) != import_time_env(env):
                     _retire_server()
-                    _SERVER = _Server(env, str(cwd))
+                    _SERVER = _connect(env) or _Server(env, str(cwd))
                 if not _SERVER.ready:
                     break
                 try:
@@ -246,10 +273,28 @@ def _fork(request: dict, sockets: list[socket.socket], selector: selectors.BaseS
     return pid
 
 
-def serve(control_fd: int) -> None:
+def _read_request(conn: socket.socket) -> tuple[dict, socket.socket] | None:
+    """One request (its message, the child's channel and stdout descriptors): None when the connection closed or
+    sent something that is not a request (its descriptors closed)."""
+    message, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 2)
+    try:
+        request = json.loads(message) if message and len(fds) == 2 else None
+        if not isinstance(request, dict) or request.get("module") not in PRELOAD or not (
+                isinstance(request.get("args"), list) and isinstance(request.get("env"), dict)
+                and isinstance(request.get("cwd"), str)):
+            raise ValueError(request)
+        return {**request, "stdout_fd": fds[1]}, socket.socket(fileno=fds[0])
+    except (ValueError, TypeError, OSError):  # OSError: the channel is not a socket
+        for fd in fds:
+            os.close(fd)
+        return None
+
+
+def serve(control_fd: int, address: bytes | None = None) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     control = socket.socket(fileno=control_fd)
+    listener = listen(address)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -258,6 +303,9 @@ def serve(control_fd: int) -> None:
     selector.register(0, selectors.EVENT_READ, "lifeline")
     selector.register(control, selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
+    if listener is not None:
+        selector.register(listener, selectors.EVENT_READ, "accept")
+    shared: set[socket.socket] = set()  # connections of other processes (_Shared)
     children: dict[int, socket.socket] = {}
     print("ready", flush=True)
     idle_since, closing = time.monotonic(), False
@@ -268,18 +316,35 @@ def serve(control_fd: int) -> None:
                 selector.unregister(0)
             if key.data == "child":
                 os.read(wake_r, 4096)
+            if key.data == "accept" and not closing:
+                conn, _ = listener.accept()
+                if same_user(conn):
+                    shared.add(conn)
+                    selector.register(conn, selectors.EVENT_READ, "request")
+                else:
+                    conn.close()
             if key.data == "request":
-                message, fds, _, _ = socket.recv_fds(control, _MAX_MESSAGE, 2)
-                if not message:
-                    closing = True
-                    selector.unregister(control)
+                conn = key.fileobj
+                got = None if closing else _read_request(conn)
+                if got is None:
+                    selector.unregister(conn)
+                    if conn is control:
+                        closing = True
+                    else:
+                        shared.discard(conn)
+                        conn.close()
                     continue
-                channel = socket.socket(fileno=fds[0])
-                request = {**json.loads(message), "stdout_fd": fds[1]}
-                pid = _fork(request, [control, channel, *children.values()], selector, {wake_r, wake_w})
-                os.close(fds[1])
+                request, channel = got
+                pid = _fork(request, [control, channel, *shared, *children.values(), *filter(None, [listener])],
+                            selector, {wake_r, wake_w})
+                os.close(request["stdout_fd"])
                 channel.send(json.dumps({"pid": pid}).encode())
                 children[pid] = channel
+        if closing and listener is not None:  # nobody else may start to rely on a server that is going away
+            for conn in (listener, *shared):
+                selector.unregister(conn)
+                conn.close()
+            listener, shared = None, set()
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
@@ -299,6 +364,6 @@ def serve(control_fd: int) -> None:
 
 if __name__ == "__main__":
     try:
-        serve(int(sys.argv[1]))
+        serve(int(sys.argv[1]), bytes.fromhex(sys.argv[2]) if len(sys.argv) > 2 else None)
     except _BecameChild as child:  # a forked child, its module run: exit as that module's process would
         sys.exit(child.code)
