@@ -12,7 +12,7 @@ from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
 
 from analyzer.convert.quick_passes import quick_passes
-from analyzer.convert.step import convert_kwargs, trace_step
+from analyzer.convert.step import convert_kwargs, convert_step, reset_op_names, trace_step
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.conversion
 def test_quick_passes_make_the_plain_conversions_program(variant):
     model = build_model(resolve_source(DEFAULT_PRESET, (*TINY_OVERRIDES, "num_hidden_layers=1")), torch.float16)
     step = DecodeStep(model, 64, variant, "state").eval()
+    reset_op_names()  # whatever this process built before (plain ct.convert resets only after it converts)
     plain = ct.convert(trace_step(step), **convert_kwargs(step, "mlprogram"))
     with quick_passes():
         quick = ct.convert(trace_step(step), **convert_kwargs(step, "mlprogram"))
@@ -96,3 +97,18 @@ def _plain_program():
         return mb.relu(x=mb.linear(x=x, weight=np.ones((4, 8), np.float32)))
 
     return prog
+
+
+def test_a_conversion_names_its_ops_as_a_fresh_process_would():
+    """Op names are part of an analysis (the analysis-mode identity compares them): coremltools' builder counters,
+    moved by anything built in the process before (a fold, ``mb.program``), must not rename a conversion's ops."""
+    model = build_model(resolve_source(DEFAULT_PRESET, (*TINY_OVERRIDES, "num_hidden_layers=1")), torch.float16)
+    step = DecodeStep(model, 64, "qfold", "state").eval()
+
+    def names(mlmodel) -> list[str]:
+        ops = mlmodel.get_spec().mlProgram.functions["main"].block_specializations["CoreML8"].operations
+        return [o.outputs[0].name for o in ops if o.outputs]
+
+    first = names(convert_step(step))
+    _plain_program()  # the builder's counters move
+    assert names(convert_step(step)) == first

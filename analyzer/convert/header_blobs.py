@@ -36,7 +36,7 @@ import numpy as np
 
 from analyzer.convert.compress.apply import _const_weights, check_all_compressed, optimization_configs, plan_weights
 from analyzer.convert.quick_passes import quick_passes
-from analyzer.convert.step import convert_kwargs, main_pipeline, one_value_equal, value_free_pipeline
+from analyzer.convert.step import convert_kwargs, main_pipeline, one_value_equal, reset_op_names, value_free_pipeline
 from analyzer.graph.mil_reader import MilProgram, read_program
 from analyzer.graph.milproto import ZERO_CHECK_MAX_BYTES
 
@@ -197,24 +197,16 @@ def to_program(traced, step, keep_duplicate_consts: bool = False):
     import coremltools as ct
     from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
 
-
     main = value_free_pipeline(main_pipeline(keep_duplicate_consts))
+    reset_op_names()
     with one_value_equal(), quick_passes():
         prog = ct.convert(traced, **{**convert_kwargs(step, "milinternal", keep_duplicate_consts),
                                      "pass_pipeline": main})
         PassPipelineManager.apply_pipeline(prog, _backend_pipeline(main, "pytorch"))
     prog.validate()
     prog._check_early_error_out_for_invalid_program()
-    _reset_names()
+    reset_op_names()
     return prog
-
-
-def _reset_names() -> None:
-    """What ``_mil_convert`` does after its backend: clear the op-name counters, so the next conversion in this
-    process names its ops as a fresh process would (an A/B converts twice in one process)."""
-    from coremltools.converters.mil.converter import _reset_conversion_state
-
-    _reset_conversion_state()
 
 
 # ------------------------------------------------------------------------------------------------- compress
@@ -326,7 +318,7 @@ def compress_program(prog, plan, scratch: Path) -> None:
             PassPipelineManager.apply_pipeline(prog, main)
             PassPipelineManager.apply_pipeline(prog, _backend_pipeline(main, "milinternal"))
             prog._check_early_error_out_for_invalid_program()
-        _reset_names()
+        reset_op_names()
     if pal or lin:
         package = scratch / "check.mlpackage"
         try:

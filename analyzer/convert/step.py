@@ -93,8 +93,18 @@ def convert_step(step, keep_duplicate_consts: bool = False):
     without its read-only bookkeeping (``quick_passes``): the same package in ~half the CPU for a 2-layer model."""
     import coremltools as ct
 
+    reset_op_names()
     with quick_passes():
         return ct.convert(trace_step(step), **convert_kwargs(step, "mlprogram", keep_duplicate_consts))
+
+
+def reset_op_names() -> None:
+    """Clear coremltools' op-name counters, as ``ct.convert`` does after its backend; qfold's conversions call it
+    before they start too, so their ops are named as in a fresh process whatever the process built before with
+    coremltools' builder (a fold, a test's ``mb.program``): names are part of an analysis."""
+    from coremltools.converters.mil.converter import _reset_conversion_state
+
+    _reset_conversion_state()
 
 
 # ------------------------------------------------------------------------------------------------- value-free
