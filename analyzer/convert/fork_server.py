@@ -102,9 +102,8 @@ class _Server:
         self.env = env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "analyzer.convert.fork_server", str(theirs.fileno()), server_address(env).hex()],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd, pass_fds=(theirs.fileno(),),
-            start_new_session=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd,
+            pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
         self.control = ours
         assert self.proc.stdout is not None
@@ -140,8 +139,8 @@ class _Server:
 
 
 class _Shared(_Server):
-    """A connection to a server another process started (:func:`server_address`); closing it closes only the
-    connection. ``proc`` is None: that process reaps the server."""
+    """A connection to a server another process started (at ``fork_address.server_address``); closing it closes
+    only the connection. ``proc`` is None: the process that started the server reaps it."""
 
     def __init__(self, env: dict[str, str], control: socket.socket):
         self.env, self.control, self.proc, self.ready = env, control, None, True
