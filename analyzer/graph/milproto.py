@@ -8,6 +8,7 @@ all zeros.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -46,6 +47,7 @@ _WEIGHTS_PARTS = ("Data", "com.apple.CoreML", "weights")
 _PROTO_ALIAS = "qfold_coremltools_proto"
 
 
+@functools.cache  # called per tensor of a walk
 def coreml_proto(name: str) -> ModuleType:
     """coremltools' generated protobuf module ``name`` (``"Model_pb2"``, ``"MIL_pb2"``, ...), without importing
     coremltools itself when it is not imported yet."""
