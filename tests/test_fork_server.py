@@ -111,6 +111,7 @@ def test_the_server_address_changes_with_the_code_and_the_import_time_environmen
     here = fork_address.server_address(env)
     assert here.startswith(f"\0qfold-fork-server-{os.getuid()}-".encode())
     assert fork_address.server_address({**env, "QFOLD_BUILDS": "/elsewhere", "PYTEST_CURRENT_TEST": "x"}) == here
+    assert fork_address.server_address({**env, "SHLVL": "7", "PWD": "/elsewhere", "_": "/usr/bin/env"}) == here
     assert fork_address.server_address({**env, "OMP_NUM_THREADS": "7"}) != here
     files = fork_address._code_files()
     assert any(f.endswith("analyzer/convert/child.py") for f, _, _ in files)

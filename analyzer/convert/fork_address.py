@@ -20,11 +20,13 @@ from pathlib import Path
 import analyzer
 
 RUNTIME_ENV_PREFIXES = ("QFOLD_", "PYTEST_")  # read when used, never at import: may differ per request
+SHELL_BOOKKEEPING = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})  # the shell's own notes (a child gets its own cwd)
 
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
-    """The variables a library may have read at import: every one but :data:`RUNTIME_ENV_PREFIXES`."""
-    return {k: v for k, v in env.items() if not k.startswith(RUNTIME_ENV_PREFIXES)}
+    """The variables a library may have read at import: every one but :data:`RUNTIME_ENV_PREFIXES` and the shell's
+    bookkeeping (:data:`SHELL_BOOKKEEPING`, which differs between two commands of one terminal)."""
+    return {k: v for k, v in env.items() if not k.startswith(RUNTIME_ENV_PREFIXES) and k not in SHELL_BOOKKEEPING}
 
 
 def _code_files() -> list[tuple[str, int, int]]:
