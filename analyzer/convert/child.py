@@ -22,6 +22,7 @@ place as that build's very last step.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -196,6 +197,7 @@ def main(argv: list[str]) -> int:
         return 2
 
     quiet_coremltools()
+    gc.freeze()  # the imports live as long as the process: collections scan what the conversion makes (fork_server)
     return report_errors(lambda: run(Path(argv[0]), Path(argv[1])))
 
 

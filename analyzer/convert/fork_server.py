@@ -31,6 +31,7 @@ Elsewhere (macOS: Apple's frameworks are not fork-safe) and when the server cann
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -292,6 +293,12 @@ def _read_request(conn: socket.socket) -> tuple[dict, socket.socket] | None:
 def serve(control_fd: int, address: bytes | None = None) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    # What the imports made lives as long as the server and every child: out of the collector's sight (Python's
+    # recipe for a process that forks without exec). A child's collections, coremltools' gc.collect() after every
+    # conversion among them, then scan what the child itself made, not the ~350,000 objects of torch, coremltools
+    # and transformers (a tiny conversion: ~1.3 → ~1.1 s of CPU).
+    gc.collect()
+    gc.freeze()
     control = socket.socket(fileno=control_fd)
     listener = listen(address)
     wake_r, wake_w = os.pipe()
