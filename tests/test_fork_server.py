@@ -112,11 +112,20 @@ def test_the_server_address_changes_with_the_code_and_the_import_time_environmen
     assert here.startswith(f"\0qfold-fork-server-{os.getuid()}-".encode())
     assert fork_address.server_address({**env, "QFOLD_BUILDS": "/elsewhere", "PYTEST_CURRENT_TEST": "x"}) == here
     assert fork_address.server_address({**env, "SHLVL": "7", "PWD": "/elsewhere", "_": "/usr/bin/env"}) == here
+    ray = {"RAY_JOB_ID": "01000000", "RAY_RAYLET_PID": "12579", "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace",
+           "SPT_NOENV": "1"}  # what ray.init() sets in its driver and a Ray worker starts with
+    assert fork_address.server_address({**env, **ray}) == here
     assert fork_address.server_address({**env, "OMP_NUM_THREADS": "7"}) != here
     files = fork_address._code_files()
     assert any(f.endswith("analyzer/convert/child.py") for f, _, _ in files)
     monkeypatch.setattr(fork_address, "_code_files", lambda: [(f, t + 1, n) for f, t, n in files])  # an edit
     assert fork_address.server_address(env) != here
+    # a caller started with the checkout on PYTHONPATH (a script, a Ray worker) gets the child environment of one
+    # started without it: the checkout once, first
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO_ROOT), "/elsewhere"]))
+    assert child_env()["PYTHONPATH"] == os.pathsep.join([str(REPO_ROOT), "/elsewhere"])
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert child_env()["PYTHONPATH"] == os.pathsep.join([str(REPO_ROOT), "/elsewhere"])
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")

@@ -21,12 +21,19 @@ import analyzer
 
 RUNTIME_ENV_PREFIXES = ("QFOLD_", "PYTEST_")  # read when used, never at import: may differ per request
 SHELL_BOOKKEEPING = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})  # the shell's own notes (a child gets its own cwd)
+# What ray.init() writes into its driver's environment and a Ray worker starts with: Ray's own settings (RAY_*),
+# the debugger it hooks into breakpoint() (read at each call) and setproctitle's switch (SPT_NOENV). A child never
+# imports Ray or setproctitle at load, so a driver after ray.init(), and its workers, ask the server they had before.
+RAY_OWN = ("RAY_",)
+RAY_OWN_NAMES = frozenset({"PYTHONBREAKPOINT", "SPT_NOENV"})
 
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
-    """The variables a library may have read at import: every one but :data:`RUNTIME_ENV_PREFIXES` and the shell's
-    bookkeeping (:data:`SHELL_BOOKKEEPING`, which differs between two commands of one terminal)."""
-    return {k: v for k, v in env.items() if not k.startswith(RUNTIME_ENV_PREFIXES) and k not in SHELL_BOOKKEEPING}
+    """The variables a library may have read at import: every one but :data:`RUNTIME_ENV_PREFIXES`, the shell's
+    bookkeeping (:data:`SHELL_BOOKKEEPING`, which differs between two commands of one terminal) and Ray's notes to
+    its own processes (:data:`RAY_OWN`, :data:`RAY_OWN_NAMES`)."""
+    return {k: v for k, v in env.items() if not k.startswith((*RUNTIME_ENV_PREFIXES, *RAY_OWN))
+            and k not in SHELL_BOOKKEEPING | RAY_OWN_NAMES}
 
 
 def _code_files() -> list[tuple[str, int, int]]:

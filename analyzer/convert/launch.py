@@ -165,9 +165,11 @@ def _child_request(root: Path, name: str, request: dict, module: str) -> tuple[l
 
 def child_env() -> dict[str, str]:
     """The environment a conversion child gets: this process's, with the checkout on ``PYTHONPATH`` (the child runs
-    ``python -m analyzer...`` from it). A fork server serves requests of one import-time environment, so whatever
-    starts a child the launcher's way passes this one (tests/test_builds_folder.py)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    ``python -m analyzer...`` from it), once: a caller started with it there already (a Ray worker, a script) asks
+    the same fork server as one that was not. A fork server serves requests of one import-time environment, so
+    whatever starts a child the launcher's way passes this one (tests/test_builds_folder.py)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT)]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *rest]))
 
 
 def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[Progress], None] | None = None,
