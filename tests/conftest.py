@@ -54,8 +54,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """What collection imported (torch, coremltools, transformers, Core AI, the analyzer: ~600,000 objects) lives
     for the whole run: out of the collector's sight, so a test's collections scan what the tests make. Every
     coremltools conversion ends in a gc.collect(), and conversion-heavy files spent ~30 % of their CPU collecting:
-    test_fold_pass, test_families and test_fold_presets took 70.6 s of CPU with 22.0 s in the collector, 56.6 s
-    with 4.8 s frozen."""
+    test_fold_pass, test_families and test_fold_presets took 70.6 s of CPU with 22.0 s in the collector, 50.8 s
+    with 4.2 s frozen."""
     gc.collect()
     gc.freeze()
 
