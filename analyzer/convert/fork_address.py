@@ -26,14 +26,16 @@ SHELL_BOOKKEEPING = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})  # the shell's ow
 # imports Ray or setproctitle at load, so a driver after ray.init(), and its workers, ask the server they had before.
 RAY_OWN = ("RAY_",)
 RAY_OWN_NAMES = frozenset({"PYTHONBREAKPOINT", "SPT_NOENV"})
+_NOT_IMPORT_TIME_PREFIXES = (*RUNTIME_ENV_PREFIXES, *RAY_OWN)
+_NOT_IMPORT_TIME_NAMES = SHELL_BOOKKEEPING | RAY_OWN_NAMES
 
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
     """The variables a library may have read at import: every one but :data:`RUNTIME_ENV_PREFIXES`, the shell's
     bookkeeping (:data:`SHELL_BOOKKEEPING`, which differs between two commands of one terminal) and Ray's notes to
     its own processes (:data:`RAY_OWN`, :data:`RAY_OWN_NAMES`)."""
-    return {k: v for k, v in env.items() if not k.startswith((*RUNTIME_ENV_PREFIXES, *RAY_OWN))
-            and k not in SHELL_BOOKKEEPING | RAY_OWN_NAMES}
+    return {k: v for k, v in env.items()
+            if not k.startswith(_NOT_IMPORT_TIME_PREFIXES) and k not in _NOT_IMPORT_TIME_NAMES}
 
 
 def _code_files() -> list[tuple[str, int, int]]:
