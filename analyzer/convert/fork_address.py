@@ -24,16 +24,16 @@ SHELL_BOOKKEEPING = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})  # the shell's ow
 # What ray.init() writes into its driver's environment and a Ray worker starts with: Ray's own settings (RAY_*),
 # the debugger it hooks into breakpoint() (read at each call) and setproctitle's switch (SPT_NOENV). A child never
 # imports Ray or setproctitle at load, so a driver after ray.init(), and its workers, ask the server they had before.
-RAY_OWN = ("RAY_",)
+RAY_OWN_PREFIXES = ("RAY_",)
 RAY_OWN_NAMES = frozenset({"PYTHONBREAKPOINT", "SPT_NOENV"})
-_NOT_IMPORT_TIME_PREFIXES = (*RUNTIME_ENV_PREFIXES, *RAY_OWN)
+_NOT_IMPORT_TIME_PREFIXES = (*RUNTIME_ENV_PREFIXES, *RAY_OWN_PREFIXES)
 _NOT_IMPORT_TIME_NAMES = SHELL_BOOKKEEPING | RAY_OWN_NAMES
 
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
     """The variables a library may have read at import: every one but :data:`RUNTIME_ENV_PREFIXES`, the shell's
     bookkeeping (:data:`SHELL_BOOKKEEPING`, which differs between two commands of one terminal) and Ray's notes to
-    its own processes (:data:`RAY_OWN`, :data:`RAY_OWN_NAMES`)."""
+    its own processes (:data:`RAY_OWN_PREFIXES`, :data:`RAY_OWN_NAMES`)."""
     return {k: v for k, v in env.items()
             if not k.startswith(_NOT_IMPORT_TIME_PREFIXES) and k not in _NOT_IMPORT_TIME_NAMES}
 
