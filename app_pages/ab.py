@@ -5,11 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from analyzer import fmt
+from analyzer.analysis.accounting import CATEGORIES, DEFAULT_WEIGHT_CHARGE, WEIGHT_CHARGES
+from analyzer.compare.diff import diff_analyses
 from analyzer.convert.jobs import BuildJob
 from analyzer.convert.rebuild import full_size_spec
 from analyzer.errors import QfoldError
-from analyzer.graph.accounting import CATEGORIES, DEFAULT_WEIGHT_CHARGE, WEIGHT_CHARGES
-from analyzer.graph.diff import diff_analyses
 from analyzer.model.cost import estimate
 from analyzer.model.sources import load_config
 from analyzer.report import figures, frames
@@ -206,7 +206,7 @@ with st.expander(f"FLOPs {per} by category: {fmt.gflop(int(flops['a_flops'].iloc
     widgets.table_with_download(flops, "ab_flops_csv", "flops_per_token.csv",
                                display=frames.flops_display(flops),
                                caption="A multiply-add = 2 FLOPs; softmax 5 per element; elementwise and "
-                                       "transcendental 1 per element (analyzer/graph/flops.py). Per call beside.")
+                                       "transcendental 1 per element (analyzer/analysis/flops.py). Per call beside.")
 settings, about = st.columns(2)
 with settings:
     bandwidth_control.bandwidth_control("ab")

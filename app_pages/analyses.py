@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from analyzer.analysis.accounting import DEFAULT_WEIGHT_CHARGE, WeightCharge
+from analyzer.analysis.record import Analysis, load_analysis
 from analyzer.errors import QfoldError
 from analyzer.fsio import path_under_roots
-from analyzer.graph.accounting import DEFAULT_WEIGHT_CHARGE, WeightCharge
-from analyzer.graph.record import Analysis, load_analysis
 from analyzer.report.catalog import (
     AnalysisRef,
     builds_root,

@@ -7,17 +7,17 @@ from __future__ import annotations
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.device.bandwidth_model import DEFAULT_MAX_RESIDUAL_PCT
-from analyzer.device.logs import summarize
-from analyzer.device.profiles import load_profiles
-from analyzer.device.roofline import Roof, prefill_runs
-from analyzer.device.timing_report import device_model_report, report_text, table_from_analyses
 from analyzer.errors import QfoldError
+from analyzer.measure.logs import summarize
+from analyzer.predict.bandwidth_model import DEFAULT_MAX_RESIDUAL_PCT
+from analyzer.predict.profiles import load_profiles
+from analyzer.predict.roofline import Roof, prefill_runs
 from analyzer.report import bandwidth_figures as figures
 from analyzer.report import frames
 from analyzer.report import roofline_figures as rf
 from analyzer.report.assumptions import assumption_notes
 from analyzer.report.catalog import phase_sibling
+from analyzer.sweep.timing_report import device_model_report, report_text, table_from_analyses
 from app_pages import analyses, bandwidth_control, logs_state, phases, widgets
 
 st.title("Bandwidth model")

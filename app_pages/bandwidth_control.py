@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.device.fit import BandwidthFit
-from analyzer.device.profiles import DeviceProfile, load_profiles
+from analyzer.predict.fit import BandwidthFit
+from analyzer.predict.profiles import DeviceProfile, load_profiles
 from analyzer.report.bandwidth_setting import (
     SOURCE_NAMES,
     SOURCES,
@@ -31,7 +31,7 @@ from app_pages.session_keys import Key
 
 @st.cache_resource(show_spinner=False)
 def device_profiles() -> Mapping[str, DeviceProfile]:
-    """The write-up's constant and the cited profiles of ``analyzer/device/device_profiles.csv`` (read-only)."""
+    """The write-up's constant and the cited profiles of ``analyzer/predict/device_profiles.csv`` (read-only)."""
     return load_profiles()
 
 

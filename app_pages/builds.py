@@ -12,13 +12,13 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
+from analyzer.analysis.record import load_analysis
 from analyzer.convert.builds_folder import latest_log, queue
 from analyzer.convert.compress import PRESETS, canonical_spec
 from analyzer.convert.jobs import BuildJob, JobSnapshot
 from analyzer.convert.launch import LOG_FILE, is_complete, unreadable_builds
 from analyzer.errors import QfoldError
 from analyzer.fsio import path_under_roots
-from analyzer.graph.record import load_analysis
 from analyzer.model.backends import (
     BACKENDS,
     COREAI,

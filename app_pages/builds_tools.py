@@ -10,12 +10,12 @@ from pathlib import Path
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.convert.fold import fold_cached
-from analyzer.convert.fold_cache import fold_record_of
-from analyzer.device.bench import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_WARMUP, log_csv, run_bench
+from analyzer.analysis.shapes import parse_shape_text
 from analyzer.errors import QfoldError
+from analyzer.fold.cache import fold_cached
+from analyzer.fold.fold_cache import fold_record_of
 from analyzer.fsio import path_under_roots
-from analyzer.graph.shapes import parse_shape_text
+from analyzer.measure.bench import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_WARMUP, log_csv, run_bench
 from analyzer.report.catalog import package_refs
 from analyzer.report.coreai_view import asset_of, bench_frame, bench_targets, fold_targets
 from analyzer.report.messages import for_ui

@@ -11,9 +11,9 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.device.logs import FORMATS, LogLimits, normalize_label, summarize
-from analyzer.device.placement import FORMATS as PLAN_FORMATS
-from analyzer.device.placement import parse_plan
+from analyzer.measure.logs import FORMATS, LogLimits, normalize_label, summarize
+from analyzer.measure.placement import FORMATS as PLAN_FORMATS
+from analyzer.measure.placement import parse_plan
 from app_pages import analyses, logs_state, widgets
 from app_pages.session_keys import Key
 

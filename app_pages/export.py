@@ -12,11 +12,11 @@ from functools import partial
 import streamlit as st
 
 from analyzer import fmt
+from analyzer.analysis.accounting import OP_COLUMNS
+from analyzer.analysis.record import Analysis
 from analyzer.convert.jobs import BuildJob
 from analyzer.errors import QfoldError
 from analyzer.fmt import to_csv
-from analyzer.graph.accounting import OP_COLUMNS
-from analyzer.graph.record import Analysis
 from analyzer.model.cost import estimate
 from analyzer.model.sources import load_config
 from analyzer.model.spec import ANALYSIS_MODE

@@ -16,11 +16,11 @@ from pathlib import Path
 import streamlit as st
 
 from analyzer import fmt
+from analyzer.analysis.record import load_analysis
+from analyzer.analysis.shapes import shapes_label
+from analyzer.compare.structdiff import StructuralDiff, structural_diff
 from analyzer.errors import QfoldError
-from analyzer.graph.mil_reader import MilProgram
-from analyzer.graph.record import load_analysis
-from analyzer.graph.shapes import shapes_label
-from analyzer.graph.structdiff import StructuralDiff, structural_diff
+from analyzer.ir.coreml.mil_reader import MilProgram
 from analyzer.report import frames
 from analyzer.report import graphview as gv
 from analyzer.report.catalog import AnalysisRef

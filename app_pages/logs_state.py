@@ -8,10 +8,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from analyzer.device.fit import BandwidthReport, bandwidth_report
-from analyzer.device.logs import BuildDeviceSummary, LogImport, parse_logs, summarize
-from analyzer.device.placement import is_plan
-from analyzer.graph.record import Analysis
+from analyzer.analysis.record import Analysis
+from analyzer.measure.logs import BuildDeviceSummary, LogImport, parse_logs, summarize
+from analyzer.measure.placement import is_plan
+from analyzer.predict.fit import BandwidthReport, bandwidth_report
 from analyzer.report.assumptions import assumption_notes
 from analyzer.report.bandwidth_figures import bandwidth_curves, bandwidth_frame, pairs_frame
 from analyzer.report.bandwidth_setting import (
@@ -58,7 +58,7 @@ def compose_logs() -> None:
 
 
 def add_bench_log(name: str, data: bytes) -> None:
-    """One more log beside the uploads: a bench run's qfold-schema rows (``analyzer.device.bench.log_csv``)."""
+    """One more log beside the uploads: a bench run's qfold-schema rows (``analyzer.measure.bench.log_csv``)."""
     st.session_state.setdefault(Key.LOGS_BENCH, []).append((name, data))
     compose_logs()
 

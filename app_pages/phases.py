@@ -9,18 +9,18 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.device.profiles import load_profiles
-from analyzer.device.roofline import Roof, time_to_first_token
+from analyzer.analysis.record import Analysis
 from analyzer.errors import QfoldError
 from analyzer.fmt import MB, MIB
-from analyzer.graph.record import Analysis
 from analyzer.model.spec import PHASES
+from analyzer.predict.profiles import load_profiles
+from analyzer.predict.roofline import Roof, time_to_first_token
 from analyzer.report import frames
 from analyzer.report import roofline_figures as rf
 from analyzer.report.catalog import AnalysisRef, phase_sibling
 from app_pages import analyses, widgets
 
-DEFAULT_ROOF_PROFILE = "m5-ane"  # both roofs measured (ANEMLL): analyzer/device/device_profiles.csv
+DEFAULT_ROOF_PROFILE = "m5-ane"  # both roofs measured (ANEMLL): analyzer/predict/device_profiles.csv
 DEFAULT_PROMPT_TOKENS = 512
 
 
@@ -88,7 +88,7 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
                 "Per token = per call ÷ tokens per call (per prompt token for a prefill).")
     widgets.table_with_download(frame, "ab_phases_csv", "decode_prefill_roofline.csv", display=_display(frame),
                                caption="KV tiles = kv_replication tiles; bytes are logical (MIL shapes); FLOPs: a "
-                                       "multiply-add = 2 (conventions in analyzer/graph/flops.py).")
+                                       "multiply-add = 2 (conventions in analyzer/analysis/flops.py).")
     if len(frame):
         st.plotly_chart(rf.roofline_figure(frame, roof), key="ab_roofline_chart")
     ttft = []

@@ -11,8 +11,8 @@ from __future__ import annotations
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.device.placement import PlacementJoin, compare_placement, join_plan, parse_plan
 from analyzer.errors import QfoldError
+from analyzer.measure.placement import PlacementJoin, compare_placement, join_plan, parse_plan
 from analyzer.report import placement_figures as pf
 from analyzer.report.frames import with_units
 from app_pages import widgets

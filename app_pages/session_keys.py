@@ -13,7 +13,7 @@ class Key(StrEnum):
     BUILDS_PACKAGE_SHAPES = "builds_package_shapes"  # path → {input name: shape}: a flexible package's given shapes
     BUILDS_JOBS = "builds_jobs"  # this session's conversion jobs
     BUILDS_UPLOAD_KEPT = "builds_upload_kept"
-    BUILDS_BENCH = "builds_bench"  # the Builds page's last bench (analyzer.device.bench.BenchResult)
+    BUILDS_BENCH = "builds_bench"  # the Builds page's last bench (analyzer.measure.bench.BenchResult)
     LOGS_FILES = "logs_files"  # (name, bytes) of the device logs this session works on
     LOGS_UPLOADS = "logs_uploads"
     LOGS_PASTED = "logs_pasted"

@@ -9,15 +9,15 @@ from pathlib import Path
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.device.profiles import DEFAULT_PROFILE, load_profiles
-from analyzer.device.sweep import RayOptions, SweepJob
-from analyzer.device.sweep_spec import SweepError, make_spec, read_spec_file
-from analyzer.device.sweep_table import FINISHED, read_table
 from analyzer.errors import QfoldError
 from analyzer.model.sources import DEFAULT_PRESET, preset_names
+from analyzer.predict.profiles import DEFAULT_PROFILE, load_profiles
 from analyzer.report import frames
 from analyzer.report import sweep_figures as sf
 from analyzer.report.catalog import builds_root
+from analyzer.sweep.driver import RayOptions, SweepJob
+from analyzer.sweep.grid import SweepError, make_spec, read_spec_file
+from analyzer.sweep.table import FINISHED, read_table
 from app_pages import logs_state, widgets
 
 st.title("Sweeps")

@@ -10,9 +10,9 @@ import json
 import streamlit as st
 
 from analyzer import fmt
+from analyzer.analysis.accounting import WEIGHT_CHARGES
+from analyzer.analysis.shapes import parse_shape_args
 from analyzer.errors import QfoldError
-from analyzer.graph.accounting import WEIGHT_CHARGES
-from analyzer.graph.shapes import parse_shape_args
 from analyzer.report.bandwidth_setting import (
     BandwidthSetting,
     BandwidthSettingError,

@@ -10,7 +10,7 @@ Core AI build costs. One run does both; the heavy parts hold the machine-wide lo
 swamps everything else, probe/coreai/RESULTS.md Q4; such a build keeps its KV state in fp32 too,
 ``BuildSpec.kv_dtype``, and like every Core AI build stores linear weights ``[in, out]``,
 ``analyzer.model.linear_layout``), built with ``build --backend coreai`` at ctx 256 and 2048
-(repeat_kv, qfold and sdpa_gqa), then all six build folders timed by ``analyzer.device.bench`` in ONE runtime child:
+(repeat_kv, qfold and sdpa_gqa), then all six build folders timed by ``analyzer.measure.bench`` in ONE runtime child:
 rounds interleave every target, so the ratios come from one run. Each round is ``--steps`` decode steps from zeroed
 states; the figure is the median round. The per-op profile gives each variant's time by byte category.
 
@@ -42,7 +42,7 @@ from fast import TreeRss, machine  # bench/fast.py: the same tree-RSS sampler an
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from analyzer.device.bench import run_bench  # noqa: E402
+from analyzer.measure.bench import run_bench  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "coreai.json"
 LOCK = "/tmp/qfold-heavy.lock"

@@ -36,9 +36,9 @@ def child(mode: str, layers: int, ctx: int, out: Path) -> None:
     import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects)
     import torch
 
-    from analyzer.convert.aimodel_build import export_step, save_asset, to_program
-    from analyzer.graph.aimodel.walk import read_asset
-    from analyzer.graph.record import Analysis
+    from analyzer.analysis.record import Analysis
+    from analyzer.convert.coreai_build import export_step, save_asset, to_program
+    from analyzer.ir.coreai.walk import read_asset
     from analyzer.model.decode import DecodeStep, build_model
     from analyzer.model.sources import DEFAULT_PRESET, resolve_source
     from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
@@ -57,7 +57,7 @@ def child(mode: str, layers: int, ctx: int, out: Path) -> None:
     t_export = time.monotonic() - t0 - t_model
     program = to_program(ep, step)
     t_convert = time.monotonic() - t0 - t_model - t_export
-    del ep, step, model  # as the build does (analyzer.convert.aimodel_build): no torch copy alive at the save
+    del ep, step, model  # as the build does (analyzer.convert.coreai_build): no torch copy alive at the save
     gc.collect()
     save_asset(program, out)
     del program

@@ -1,6 +1,6 @@
 """Full-size fold vs one plain conversion (issue #9 Done-when), measured in one run on this machine.
 
-1. ``fold``: ``analyzer.graph.passes.package.fold_package`` of the full-size default ``repeat_kv`` build (EXAONE 4.0
+1. ``fold``: ``analyzer.fold.coreml.package.fold_package`` of the full-size default ``repeat_kv`` build (EXAONE 4.0
    1.2B, ctx 4096, KV as state): milproto load → the pass → ct.convert (pass-only pipeline) → save → per-constant
    weight check; then, timed apart, the interpreter proof over ``--proof-steps`` decode steps.
 2. ``convert``: one plain conversion of the same model, probe-style: the qfold decode step traced and converted by
@@ -38,9 +38,9 @@ def stage_fold(repeat_kv: str, out: str, proof_steps: int) -> dict:
     from analyzer import quiet_coremltools
 
     quiet_coremltools()
-    from analyzer.convert.fold import report_json
-    from analyzer.graph.passes.package import fold_package
-    from analyzer.graph.passes.proof import prove_fold
+    from analyzer.fold.cache import report_json
+    from analyzer.fold.coreml.package import fold_package
+    from analyzer.fold.proof import prove_fold
 
     t0 = time.monotonic()
     report = fold_package(repeat_kv, out)
@@ -109,9 +109,9 @@ def main() -> int:
 
     import psutil
 
+    from analyzer.analysis.record import load_analysis
     from analyzer.cli.diff import diff_json
-    from analyzer.graph.diff import diff_analyses
-    from analyzer.graph.record import load_analysis
+    from analyzer.compare.diff import diff_analyses
     from analyzer.model.sources import DEFAULT_PRESET, resolve_source
     from analyzer.model.spec import BuildSpec
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import psutil
 
+from analyzer.analysis.record import read_analysis_file, write_analysis
 from analyzer.convert.compress import PRESETS, canonical_spec
 from analyzer.convert.launch import run_build
-from analyzer.graph.record import read_analysis_file, write_analysis
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
 from analyzer.model.spec import BuildSpec
 from analyzer.report.catalog import (

@@ -51,7 +51,7 @@ def main() -> int:
     t = time.monotonic()
     import coremltools  # noqa: F401  (the protobuf reader; imported by load_interpreter anyway)
 
-    from analyzer.graph.interpret import decode_steps, load_interpreter
+    from analyzer.engines.interpret import decode_steps, load_interpreter
 
     import_s = time.monotonic() - t
     package = _package(a)

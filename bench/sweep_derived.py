@@ -9,7 +9,7 @@ under the machine-wide lock:
    derived rows and the ctx they were derived from.
 2. ``build --variant repeat_kv qfold --ctx N`` (one child per N, analysis mode) at ``--direct`` derived points, the
    largest ctx among them, in another fresh folder: wall time and peak RSS, and each derived row's analysis held
-   against the direct build: the op table op for op (``analyzer.graph.ctx_affine.same_program``), every byte
+   against the direct build: the op table op for op (``analyzer.analysis.ctx_affine.same_program``), every byte
    category, every layer, every op count, FLOPs per token.
 
 Results: ``bench/results/sweep_derived.json``, with the machine's CPU count, memory and load average.
@@ -32,9 +32,9 @@ from fast import TreeRss, machine  # bench/fast.py: the same tree-RSS sampler an
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from analyzer.analysis.ctx_affine import same_program  # noqa: E402
+from analyzer.analysis.record import load_analysis  # noqa: E402
 from analyzer.convert.launch import run_builds  # noqa: E402
-from analyzer.graph.ctx_affine import same_program  # noqa: E402
-from analyzer.graph.record import load_analysis  # noqa: E402
 from analyzer.model.sources import resolve_source  # noqa: E402
 from analyzer.model.spec import ANALYSIS_MODE, BuildSpec  # noqa: E402
 

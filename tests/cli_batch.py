@@ -39,7 +39,7 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_BYTES = 1 << 30
 READY = "@@ready"
 # what the cases' commands import lazily (torch comes with coremltools): paid once per child, before any limit
-PRELOAD = ("coremltools", "transformers", "analyzer.convert.fold", "analyzer.graph.interpret")
+PRELOAD = ("coremltools", "transformers", "analyzer.fold.cache", "analyzer.engines.interpret")
 
 
 _ABSENT = object()

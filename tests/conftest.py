@@ -126,8 +126,8 @@ def shipped_styles(tmp_path_factory) -> dict[str, tuple]:
     """Each converter style of tests/shipped_styles.py (issue #20) saved with plain coremltools, folded
     (``fold_package``) and proved (``prove_fold``, no input spec, 4 steps): style → (package, folded package,
     fold report, proof), made once per session (the packages' folder holds nothing else)."""
-    from analyzer.graph.passes.package import fold_package
-    from analyzer.graph.passes.proof import prove_fold
+    from analyzer.fold.coreml.package import fold_package
+    from analyzer.fold.proof import prove_fold
     from tests.shipped_styles import STYLES
 
     root = tmp_path_factory.mktemp("shipped-styles")

@@ -1,5 +1,5 @@
 """Tiny Core AI assets (and a matching fp32 Core ML package) from qfold's own decode step, for the runtime,
-fold and bench tests, converted by the Core AI build's own steps (``analyzer.convert.aimodel_build``) without a
+fold and bench tests, converted by the Core AI build's own steps (``analyzer.convert.coreai_build``) without a
 builds folder, so the torch step stays at hand as the reference; and one asset qfold did not build
 (:func:`foreign_asset`).
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from analyzer.convert.aimodel_build import export_step, save_asset, to_program
+from analyzer.convert.coreai_build import export_step, save_asset, to_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 

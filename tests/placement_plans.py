@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from analyzer.device.placement import plan_document
-from analyzer.graph.record import Analysis
+from analyzer.analysis.record import Analysis
+from analyzer.measure.placement import plan_document
 
 Rule = Callable[[str], str]
 

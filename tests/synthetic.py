@@ -10,10 +10,10 @@ the layers an embedding ``gather`` and an ``lm_head`` linear.
 
 from __future__ import annotations
 
-from analyzer.graph.buildinfo import BuildInfo
-from analyzer.graph.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
-from analyzer.graph.opfacts import derive_op_facts
-from analyzer.graph.record import Analysis
+from analyzer.analysis.buildinfo import BuildInfo
+from analyzer.analysis.record import Analysis
+from analyzer.ir.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
+from analyzer.ir.opfacts import derive_op_facts
 from analyzer.model.equivalence_records import EquivalenceReport, PairResult, ReferenceCheck
 from analyzer.model.sources import AttentionGeometry, resolve_source
 from analyzer.model.spec import BuildSpec

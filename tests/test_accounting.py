@@ -2,10 +2,10 @@
 
 import pytest
 
+from analyzer.analysis.accounting import CATEGORIES, account
 from analyzer.convert.child import convert_step
 from analyzer.convert.launch import PACKAGE_NAME
-from analyzer.graph.accounting import CATEGORIES, account
-from analyzer.graph.mil_reader import read_program
+from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, resolve_source
 

@@ -16,8 +16,8 @@ from streamlit.testing.v1 import AppTest
 from analyzer import fmt
 from analyzer.convert import jobs
 from analyzer.convert.launch import BuildResult
-from analyzer.device.logs import parse_logs, summarize
 from analyzer.errors import BuildError
+from analyzer.measure.logs import parse_logs, summarize
 from analyzer.model.sources import resolve_source
 from analyzer.model.spec import BuildSpec
 from analyzer.report.catalog import catalog, default_pair, measured_pairs, shipped_analyses
@@ -82,7 +82,7 @@ def plain(markdown: str) -> str:
 def expected_pair(tiny_builds):
     """The two analyses the A/B page opens on (the pair the example device log measured, else the shipped
     default), loaded the way the app loads them."""
-    from analyzer.graph.record import load_analysis
+    from analyzer.analysis.record import load_analysis
 
     refs = catalog()
     measured = parse_logs([(EXAMPLE_LOG.name, EXAMPLE_LOG.read_bytes())]).measurements

@@ -80,7 +80,7 @@ def cases(tmp_path_factory) -> dict[str, tuple[list[str], str]]:
     out = subprocess.run([sys.executable, "-m", "analyzer", "inspect", str(good), "--json"], capture_output=True,
                          text=True, cwd=HERE.parent, check=True)
     assert json.loads(out.stdout)["total_ops"] > 0
-    from analyzer.graph.record import load_analysis, write_analysis
+    from analyzer.analysis.record import load_analysis, write_analysis
 
     write_analysis(analysis, load_analysis(good))
     doc = json.loads(analysis.read_text())

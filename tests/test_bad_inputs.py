@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from analyzer.cli import main
-from analyzer.convert.fold import fold_cached
-from analyzer.convert.fold_cache import FOLDS_DIR
-from analyzer.device.logs.importer import parse_log
+from analyzer.fold.cache import fold_cached
+from analyzer.fold.fold_cache import FOLDS_DIR
 from analyzer.fsio import write_json_atomic
-from analyzer.graph.mil_reader import read_program
+from analyzer.ir.coreml.mil_reader import read_program
+from analyzer.measure.logs.importer import parse_log
 from tests.bad_input_cases import build_cases, snapshot
 from tests.bad_input_packages import gqa_package, weight_path
 from tests.cli_batch import run_batch

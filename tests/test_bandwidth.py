@@ -15,7 +15,8 @@ import pytest
 
 from analyzer.cli.fit import add_parser as add_fit_parser
 from analyzer.cli.fit import run_fit
-from analyzer.device.bandwidth_model import (
+from analyzer.measure.logs import BuildDeviceSummary, parse_log, summarize
+from analyzer.predict.bandwidth_model import (
     BANDWIDTH_PRESETS,
     DEFAULT_BANDWIDTH_PRESET,
     WRITEUP_AB_IPHONE,
@@ -25,9 +26,8 @@ from analyzer.device.bandwidth_model import (
     predicted_tok_per_s,
     preset_assumption,
 )
-from analyzer.device.crosscheck import ab_crosscheck, crosscheck
-from analyzer.device.fit import FitPoint, bandwidth_per_device, bandwidth_report, fit_bandwidth, fit_devices
-from analyzer.device.logs import BuildDeviceSummary, parse_log, summarize
+from analyzer.predict.crosscheck import ab_crosscheck, crosscheck
+from analyzer.predict.fit import FitPoint, bandwidth_per_device, bandwidth_report, fit_bandwidth, fit_devices
 from analyzer.report.catalog import SHIPPED_DIR, shipped_name
 
 REPO = Path(__file__).resolve().parent.parent

@@ -107,7 +107,8 @@ def _layer(module: str, order: list[str], base: set[str]) -> str:
 
 def test_imports_follow_the_readme_layering():
     order, base = _layering()
-    assert order == ["model", "graph", "convert", "device", "report", "cli"]
+    assert order == ["model", "ir", "engines", "analysis", "compare", "convert", "fold", "measure", "predict", "sweep",
+                     "report", "cli"]
     assert base == {"errors", "fmt", "fsio", "jsonfields"}
     wrong = []
     for module, targets in import_graph().items():
@@ -165,8 +166,8 @@ def test_the_import_checks_can_fail():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     order, base = _layering()
     assert order.index(_layer("analyzer.report.catalog", order, base)) > order.index(
-        _layer("analyzer.graph.record", order, base))
-    assert "analyzer.graph.mil_reader" in import_graph()["analyzer.graph.record"]  # edges are found
+        _layer("analyzer.analysis.record", order, base))
+    assert "analyzer.ir.coreml.mil_reader" in import_graph()["analyzer.analysis.record"]  # edges are found
     assert "analyzer.model.compress_spec" in import_graph()["analyzer.model.spec"]
 
 
@@ -222,8 +223,8 @@ def duplicate_base_names(paths: list[Path]) -> dict[str, list[str]]:
 
 def test_no_two_modules_share_a_base_name():
     assert duplicate_base_names(PRODUCT) == {}
-    assert duplicate_base_names([REPO / "analyzer/graph/record.py", REPO / "app_pages/record.py"]) == {
-        "record": ["analyzer/graph/record.py", "app_pages/record.py"]}
+    assert duplicate_base_names([REPO / "analyzer/analysis/record.py", REPO / "app_pages/record.py"]) == {
+        "record": ["analyzer/analysis/record.py", "app_pages/record.py"]}
 
 
 # ------------------------------------------------------------------------------------------ imports at the top
@@ -292,8 +293,8 @@ def test_the_lazy_import_check_can_fail(tmp_path):
                  "with open(os.devnull):\n    import re\nif os.sep:\n    import csv\n")
     assert lazy_imports(f) == [(4, "json"), (5, "torch"), (8, "re"), (10, "csv")]
     # the fold pass (a coremltools class) is heavy; the records its reports share are not
-    assert "analyzer.graph.passes.gqa_fold" in heavy_modules()
-    assert "analyzer.graph.passes.fold_records" not in heavy_modules()
+    assert "analyzer.fold.coreml.gqa_fold" in heavy_modules()
+    assert "analyzer.fold.fold_records" not in heavy_modules()
 
 
 # ---------------------------------------------------------------------------------------------- the dashboard

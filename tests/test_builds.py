@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.analysis.record import ANALYSIS_FILE
 from analyzer.convert.builds_folder import clean_stale_tmp
 from analyzer.convert.launch import PACKAGE_NAME, run_build
 from analyzer.errors import BuildError
-from analyzer.graph.record import ANALYSIS_FILE
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.model.spec import BuildSpec
 from tests.cli_batch import run_batch

@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from analyzer.analysis.compression import compression_report, weight_part
 from analyzer.convert.compress import (
     DEFAULT_GROUP_CHANNELS,
     CompressionError,
@@ -21,7 +22,6 @@ from analyzer.convert.compress import (
     parse_spec,
     plan_weights,
 )
-from analyzer.graph.compression import compression_report, weight_part
 
 TINY = ["hidden_size=256", "intermediate_size=512", "vocab_size=1000", "num_hidden_layers=4"]
 TWO_LAYERS = [*TINY[:-1], "num_hidden_layers=2"]  # the child-process builds: two of them fit the time budget
@@ -198,8 +198,8 @@ def geometry(source):
 def builds(tmp_path_factory):
     """The fp16 and top8 builds of a 2-layer model through the child process (one equivalence step), one request
     for both (one child, as ``build --compression`` would convert them)."""
+    from analyzer.analysis.record import read_analysis_file
     from analyzer.convert.launch import run_builds
-    from analyzer.graph.record import read_analysis_file
     from analyzer.model.sources import resolve_source
     from analyzer.model.spec import BuildSpec
 
@@ -215,7 +215,7 @@ def mixed(source, tmp_path_factory):
     """The tied model untied in torch, converted without const deduplication, saved as is (the fp16
     reference) and compressed with MIXED."""
     from analyzer.convert.child import convert_step
-    from analyzer.graph.mil_reader import read_program
+    from analyzer.ir.coreml.mil_reader import read_program
     from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
 
     plan = parse_spec(MIXED, 4)
@@ -268,7 +268,7 @@ def test_mixed_config_puts_the_expected_constexpr_on_each_weight(mixed, geometry
 
 @pytest.mark.conversion
 def test_mixed_config_weight_bytes_match_sizes_computed_from_dims(mixed, geometry):
-    from analyzer.graph.accounting import account
+    from analyzer.analysis.accounting import account
 
     _, _, program, fp16_program = mixed
     geo, intermediate = geometry

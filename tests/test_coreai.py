@@ -18,13 +18,13 @@ import torch
 pytest.importorskip("coreai_torch")  # Core AI's wheels: Linux x86_64 cp311/cp312 and macOS arm64 only
 import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
 
+from analyzer.analysis.record import Analysis, load_analysis
 from analyzer.cli import main as cli
+from analyzer.compare.diff_reasons import CROSS_BACKEND_CAUSES, explain
 from analyzer.convert.launch import run_builds
 from analyzer.errors import AimodelError, QfoldError
-from analyzer.graph.aimodel.asset import check_asset
-from analyzer.graph.aimodel.walk import read_asset
-from analyzer.graph.diff_reasons import CROSS_BACKEND_CAUSES, explain
-from analyzer.graph.record import Analysis, load_analysis
+from analyzer.ir.coreai.asset import check_asset
+from analyzer.ir.coreai.walk import read_asset
 from analyzer.jsonfields import Field
 from analyzer.model.cost import estimate
 from analyzer.model.decode import DecodeStep, build_model, example_inputs, make_mask, run_decode

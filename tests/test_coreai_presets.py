@@ -6,7 +6,7 @@ qfold), fp16, KV as state.
   because coreai-torch drops V's broadcast (the byte difference with Core ML is that copy, and ``diff`` says so);
   Q-fold: none; sdpa_gqa: 2 per layer inside the SDPA composite's fallback body, marked with the composite.
 * kv_read, kv_write (and its value-semantics figure) and replication equal the Core ML build's; every other
-  per-kind byte difference (``diff``: ``analyzer.graph.diff_reasons.explain``) has a known cross-backend cause.
+  per-kind byte difference (``diff``: ``analyzer.compare.diff_reasons.explain``) has a known cross-backend cause.
 
 Cheap on purpose: each preset's 2-layer version (conftest ``preset_source``: hidden 256 wherever the family's config
 takes a head_dim, MLP 256, vocab 512) at ctx 128, in-process. The Core ML side is the session's package of that
@@ -22,12 +22,12 @@ import pytest
 pytest.importorskip("coreai_torch")  # Core AI's wheels: Linux x86_64 cp311/cp312 and macOS arm64 only
 import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
 
-from analyzer.convert.aimodel_build import export_step, save_asset, to_program
-from analyzer.graph.accounting import CATEGORIES
-from analyzer.graph.aimodel.walk import read_asset
-from analyzer.graph.diff_reasons import CROSS_BACKEND_CAUSES, MQA_V_COPY, explain
-from analyzer.graph.mil_reader import read_program
-from analyzer.graph.record import Analysis
+from analyzer.analysis.accounting import CATEGORIES
+from analyzer.analysis.record import Analysis
+from analyzer.compare.diff_reasons import CROSS_BACKEND_CAUSES, MQA_V_COPY, explain
+from analyzer.convert.coreai_build import export_step, save_asset, to_program
+from analyzer.ir.coreai.walk import read_asset
+from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.decode import DecodeStep
 from analyzer.model.sources import geometry_of, list_presets, load_config, resolve_source
 from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model

@@ -21,13 +21,13 @@ pytest.importorskip("coreai")  # the coreai-core wheel exists for Linux x86_64 a
 
 import torch
 
+from analyzer.analysis.accounting import account
 from analyzer.cli import main
-from analyzer.device.bench import join_profile
-from analyzer.graph.accounting import account
-from analyzer.graph.aimodel.asset_fold import fold_asset, kv_copies
-from analyzer.graph.aimodel.runtime import FP16_TOLERANCE, FP32_TOLERANCE, CoreAIRuntime, OpTime, Profile
-from analyzer.graph.aimodel.walk import read_asset
-from analyzer.graph.interpret import decode_steps, load_interpreter
+from analyzer.engines.coreai.runtime import FP16_TOLERANCE, FP32_TOLERANCE, CoreAIRuntime, OpTime, Profile
+from analyzer.engines.interpret import decode_steps, load_interpreter
+from analyzer.fold.coreai.asset_fold import fold_asset, kv_copies
+from analyzer.ir.coreai.walk import read_asset
+from analyzer.measure.bench import join_profile
 from analyzer.model.decode import run_decode
 from tests.conftest import TINY_CTX, TINY_OVERRIDES
 from tests.coreai_assets import coreai_asset, coreml_fp32_package, make_step

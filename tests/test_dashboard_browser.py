@@ -15,8 +15,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from analyzer.analysis.record import load_analysis
 from analyzer.convert.launch import run_build
-from analyzer.graph.record import load_analysis
 from analyzer.model.sources import resolve_source
 from analyzer.model.spec import BuildSpec
 from tests.conftest import TINY_CTX, TINY_OVERRIDES

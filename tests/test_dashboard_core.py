@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 
 from analyzer import fmt
+from analyzer.analysis.accounting import BytesPerToken
+from analyzer.analysis.record import load_analysis
+from analyzer.compare.diff import diff_analyses
 from analyzer.convert.compress import canonical_spec
 from analyzer.convert.rebuild import full_size_spec
-from analyzer.device.fit import bandwidth_report
-from analyzer.device.logs import parse_logs
-from analyzer.device.profiles import DEFAULT_PROFILE, load_profiles
 from analyzer.errors import QfoldError
-from analyzer.graph.accounting import BytesPerToken
-from analyzer.graph.diff import diff_analyses
-from analyzer.graph.record import load_analysis
+from analyzer.measure.logs import parse_logs
 from analyzer.model.cost import check_request
 from analyzer.model.sources import AttentionGeometry, load_config, resolve_source
 from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
+from analyzer.predict.fit import bandwidth_report
+from analyzer.predict.profiles import DEFAULT_PROFILE, load_profiles
 from analyzer.report import figures, report
 from analyzer.report.bandwidth_setting import BandwidthSetting, BandwidthSettingError, resolve
 from analyzer.report.catalog import AnalysisRef, RefFacts, load_shipped, matching_pair

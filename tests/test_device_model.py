@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from analyzer.device.timing_model import GraphPoint, Observation, fit_device_model
-from analyzer.device.timing_select import select_graphs
+from analyzer.predict.timing_model import GraphPoint, Observation, fit_device_model
+from analyzer.predict.timing_select import select_graphs
 
 CTXS = (512, 1024, 2048, 4096, 8192)
 WEIGHTS = {"fp16": 2_560_000_000, "top8": 900_000_000, "int4": 700_000_000}
@@ -152,8 +152,8 @@ def _table_rows():
 
 
 def test_runs_are_averaged_as_seconds_per_token_and_conditions_never_pooled():
-    from analyzer.device.logs import Measurement
-    from analyzer.device.timing_report import observations_from
+    from analyzer.measure.logs import Measurement
+    from analyzer.sweep.timing_report import observations_from
 
     runs = [Measurement("f", 2, "d", "b", 10.0, context_length=512), Measurement("f", 3, "d", "b", 30.0,
                                                                                  context_length=512),
@@ -199,7 +199,7 @@ def test_fit_cli_shows_the_device_model_and_the_selection(tmp_path, capsys):
 def test_published_examples_import_without_issues():
     from pathlib import Path
 
-    from analyzer.device.logs import parse_logs
+    from analyzer.measure.logs import parse_logs
 
     path = Path(__file__).resolve().parent.parent / "examples" / "apple_llama31_coreml_m1max.csv"
     imported = parse_logs([(path.name, path.read_bytes())])

@@ -4,10 +4,10 @@ bytes for every GQA preset, 0 for MHA, MQA included (real conversions of 2-layer
 import pytest
 import torch
 
+from analyzer.analysis.accounting import account
 from analyzer.convert.child import convert_step
 from analyzer.errors import SourceError
-from analyzer.graph.accounting import account
-from analyzer.graph.mil_reader import read_program
+from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.equivalence import check_equivalence
 from analyzer.model.sources import geometry_of, load_config, resolve_source

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.analysis.record import read_analysis_file
 from analyzer.convert.launch import LOG_FILE, PACKAGE_NAME, run_builds
 from analyzer.errors import SourceError
-from analyzer.graph.record import read_analysis_file
 from analyzer.model.cost import MEMORY_LIMIT_ENV, check_request, estimate
 from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
 from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE, BuildSpec

@@ -11,14 +11,14 @@ from dataclasses import replace
 import pytest
 import torch
 
+from analyzer.analysis.accounting import account
+from analyzer.analysis.compression import compression_report
+from analyzer.analysis.record import function_analysis_files, read_analysis_file
 from analyzer.convert.compress import needs_untie, parse_spec
 from analyzer.convert.header_blobs import compress_program, to_program, walk_program
 from analyzer.convert.launch import PACKAGE_NAME, run_builds
 from analyzer.convert.step import convert_step, trace_step
-from analyzer.graph.accounting import account
-from analyzer.graph.compression import compression_report
-from analyzer.graph.mil_reader import read_program
-from analyzer.graph.record import function_analysis_files, read_analysis_file
+from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
 from analyzer.model.spec import ANALYSIS_MODE, BuildSpec

@@ -5,10 +5,10 @@ parameter count made from the config alone, and (QFOLD_FULL=1) the full-size A/B
 import pytest
 import torch
 
+from analyzer.analysis.accounting import account
 from analyzer.convert.header_blobs import to_program, walk_program
 from analyzer.convert.step import trace_step
-from analyzer.graph.accounting import account
-from analyzer.graph.mil_reader import read_program
+from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.decode import DecodeStep, build_model
 from analyzer.model.equivalence import check_equivalence
 from analyzer.model.sources import geometry_of, load_config, resolve_source
@@ -104,8 +104,8 @@ def test_two_layer_full_width_weights_equal_the_parameter_count(preset, tmp_path
 def test_full_size_ab_in_analysis_mode(preset, tmp_path):
     """Both variants at ctx 4096 in analysis mode: weights = the parameter count, tiles = 2 per layer of
     Hq·ctx·D·2 bytes for repeat_kv and none for Q-fold (bench/fast.py measures the time and memory)."""
+    from analyzer.analysis.record import load_analysis
     from analyzer.convert.launch import run_builds
-    from analyzer.graph.record import load_analysis
     from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
 
     source = resolve_source(preset)
@@ -125,8 +125,8 @@ def test_full_size_ab_in_analysis_mode(preset, tmp_path):
 def test_full_size_default_ab_in_analysis_mode_equals_the_shipped_analyses(tmp_path):
     """The shipped analyses (materialised, fp32-traced builds) and an analysis-mode A/B of the same spec: every
     byte category, the bytes of every layer and every op count, const and cast included."""
+    from analyzer.analysis.record import load_analysis
     from analyzer.convert.launch import run_builds
-    from analyzer.graph.record import load_analysis
     from analyzer.model.sources import DEFAULT_PRESET
     from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
     from analyzer.report.catalog import load_shipped

@@ -157,8 +157,8 @@ def test_stored_spec_records_the_mode_and_old_documents_read_as_materialised():
 
 
 def test_a_fold_build_is_never_made_from_value_free_weights(tmp_path):
-    from analyzer.convert.fold import build_folded
     from analyzer.errors import FoldError
+    from analyzer.fold.cache import build_folded
 
     src = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
     with pytest.raises(FoldError, match="needs weight values"):

@@ -11,12 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE, fixed_assumption
-from analyzer.device.crosscheck import crosscheck
-from analyzer.device.logs import BuildDeviceSummary
+from analyzer.analysis.accounting import CATEGORIES
+from analyzer.compare.diff import diff_analyses
 from analyzer.fmt import MB, MIB
-from analyzer.graph.accounting import CATEGORIES
-from analyzer.graph.diff import diff_analyses
+from analyzer.measure.logs import BuildDeviceSummary
+from analyzer.predict.bandwidth_model import WRITEUP_AB_IPHONE, fixed_assumption
+from analyzer.predict.crosscheck import crosscheck
 from analyzer.report import bandwidth_figures, figures
 from tests.synthetic import TILE_BYTES, decode_analysis
 

@@ -9,10 +9,10 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
-from analyzer.graph.flops import FLOP_CATEGORIES, FLOP_RULES, count_flops
-from analyzer.graph.mil_reader import read_program
-from analyzer.graph.phase import call_shape
-from analyzer.graph.record import read_analysis_file
+from analyzer.analysis.flops import FLOP_CATEGORIES, FLOP_RULES, count_flops
+from analyzer.analysis.record import read_analysis_file
+from analyzer.ir.coreml.mil_reader import read_program
+from analyzer.ir.phase import call_shape
 from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
 from analyzer.report.catalog import SHIPPED_DIR, shipped_name
 
@@ -133,7 +133,7 @@ def test_an_op_without_a_rule_is_listed_not_silently_zero(block):
 
 
 def test_rules_cover_every_compute_op_the_byte_account_knows():
-    from analyzer.graph.byte_rules import COMPUTE_OPS, RULES
+    from analyzer.analysis.byte_rules import COMPUTE_OPS, RULES
 
     missing = sorted(t for t in (*COMPUTE_OPS, *RULES) if t not in FLOP_RULES)
     assert missing == []

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from analyzer.analysis.buildinfo import CHECK_KINDS, EquivalenceCheck
 from analyzer.convert.checks import torch_check
-from analyzer.graph.buildinfo import CHECK_KINDS, EquivalenceCheck
 from analyzer.jsonfields import Field
 from analyzer.report import headline
 from tests.synthetic import build_info, decode_analysis

@@ -20,10 +20,10 @@ from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.testing_utils import apply_pass_and_basic_check
 
-from analyzer.graph.interpret import load_interpreter
-from analyzer.graph.passes.fold_records import PASS_NAME
-from analyzer.graph.passes.gqa_fold import fold_gqa_replication
-from analyzer.graph.replication import HeadMap, head_mapping
+from analyzer.engines.interpret import load_interpreter
+from analyzer.fold.coreml.gqa_fold import fold_gqa_replication
+from analyzer.fold.fold_records import PASS_NAME
+from analyzer.ir.replication import HeadMap, head_mapping
 
 IOS18 = ct.target.iOS18
 FP16 = types.fp16
@@ -361,8 +361,8 @@ def test_foreign_package_without_roles_is_folded_and_proved_on_drawn_inputs(tmp_
     """A package whose inputs are not a decode step's (no token ids, no input spec): folded, weights checked, and
     the proof runs anyway on inputs drawn within what each can hold (equality holds for any inputs), each draw
     stated."""
-    from analyzer.graph.passes.package import fold_package
-    from analyzer.graph.passes.proof import prove_fold
+    from analyzer.fold.coreml.package import fold_package
+    from analyzer.fold.proof import prove_fold
 
     src = save(kv_input_program("repeat", 8, 2), tmp_path / "foreign.mlpackage")
     report = fold_package(src, tmp_path / "folded.mlpackage")

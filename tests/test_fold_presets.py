@@ -14,13 +14,13 @@ import json
 
 import pytest
 
-from analyzer.convert.fold import build_folded, fold_cached
-from analyzer.convert.fold_cache import FOLD_FILE
-from analyzer.graph.accounting import account
-from analyzer.graph.mil_reader import read_program
-from analyzer.graph.passes.package import fold_package
-from analyzer.graph.passes.proof import prove_fold
-from analyzer.graph.record import load_analysis
+from analyzer.analysis.accounting import account
+from analyzer.analysis.record import load_analysis
+from analyzer.fold.cache import build_folded, fold_cached
+from analyzer.fold.coreml.package import fold_package
+from analyzer.fold.fold_cache import FOLD_FILE
+from analyzer.fold.proof import prove_fold
+from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source
 from analyzer.model.spec import FOLD_VARIANT, BuildSpec
 from tests.conftest import TINY_CTX, TINY_OVERRIDES, preset_source

@@ -17,12 +17,12 @@ import json
 import numpy as np
 import pytest
 
+from analyzer.analysis.record import load_analyses, load_analysis
+from analyzer.analysis.shapes import read_sized
 from analyzer.cli import main
-from analyzer.graph.mil_reader import read_program
-from analyzer.graph.passes.package import fold_package
-from analyzer.graph.passes.proof import prove_fold
-from analyzer.graph.record import load_analyses, load_analysis
-from analyzer.graph.shapes import read_sized
+from analyzer.fold.coreml.package import fold_package
+from analyzer.fold.proof import prove_fold
+from analyzer.ir.coreml.mil_reader import read_program
 from tests.shipped_styles import (
     EMAX,
     HKV,

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.graph.interpret import load_interpreter
-from analyzer.graph.passes.proof import RELATIVE_TOLERANCE
+from analyzer.engines.interpret import load_interpreter
+from analyzer.fold.proof import RELATIVE_TOLERANCE
 from tests.cli_batch import run_case
 from tests.shipped_styles import EMAX, PREFILL, PREFILL_S, QMAX, STYLES, H, S, V
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE, predicted_tok_per_s
-from analyzer.graph.record import load_analysis
+from analyzer.analysis.record import load_analysis
+from analyzer.predict.bandwidth_model import WRITEUP_AB_IPHONE, predicted_tok_per_s
 from analyzer.report.catalog import SHIPPED_DIR, shipped_analyses
 from tests.test_app import new_app
 

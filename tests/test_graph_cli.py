@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.analysis.record import load_analysis
 from analyzer.cli import main
-from analyzer.graph.mil_reader import MilProgram, find_package, read_program
-from analyzer.graph.record import load_analysis
-from analyzer.graph.structdiff import home_layers, is_const_like, structural_diff
+from analyzer.compare.structdiff import home_layers, is_const_like, structural_diff
+from analyzer.ir.coreml.mil_reader import MilProgram, find_package, read_program
 from analyzer.report import graphview as gv
 from analyzer.report.catalog import SHIPPED_DIR
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from analyzer.graph.mil_reader import MilProgram
-from analyzer.graph.record import load_analysis
-from analyzer.graph.structdiff import home_layers, is_const_like, structural_diff
+from analyzer.analysis.record import load_analysis
+from analyzer.compare.structdiff import home_layers, is_const_like, structural_diff
+from analyzer.ir.coreml.mil_reader import MilProgram
 from analyzer.report.catalog import SHIPPED_DIR
 
 PAIRS = {  # (repeat_kv, qfold) shipped analysis files of the default preset, and their total op counts

@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
+from analyzer.analysis.accounting import account
+from analyzer.analysis.record import load_analysis
+from analyzer.compare.structdiff import home_layers, is_const_like, structural_diff
 from analyzer.errors import QfoldError
-from analyzer.graph.accounting import account
-from analyzer.graph.mil_reader import MilProgram
-from analyzer.graph.record import load_analysis
-from analyzer.graph.structdiff import home_layers, is_const_like, structural_diff
+from analyzer.ir.coreml.mil_reader import MilProgram
 from analyzer.report import graphview as gv
 from analyzer.report.catalog import SHIPPED_DIR
 
@@ -181,8 +181,8 @@ def test_report_section_embeds_both_graphs(pair):
 def test_a_picture_too_large_for_dot_is_refused_but_its_dot_is_written(pair, tmp_path, capsys):
     """A program whose op names give no layer numbers has everything "outside": ten layers' worth of nodes
     (563) would keep dot busy for minutes, so the SVG is refused and the DOT still written."""
+    from analyzer.analysis.record import Analysis, write_analysis
     from analyzer.cli import main
-    from analyzer.graph.record import Analysis, write_analysis
 
     program = pair[0]
     merged = replace(program, ops=tuple(replace(op, layer=None) if (op.layer or 0) < 10 else op for op in program.ops))

@@ -1,5 +1,5 @@
 """The MIL interpreter on hand-built programs: one small program per op family, saved as a real package and
-run by ``analyzer.graph.interpret``, against NumPy / torch reference arithmetic.
+run by ``analyzer.engines.interpret``, against NumPy / torch reference arithmetic.
 
 Tolerances: an fp16 op's result is the fp32 result rounded once to fp16, so it is within half an fp16 ulp of
 the reference (relative 2^-11 ≈ 4.9e-4); the checks allow 1e-3 relative (+1e-3 absolute for values near 0).
@@ -17,9 +17,9 @@ import torch
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
+from analyzer.engines.interpret import load_interpreter, supported_op_types
+from analyzer.engines.interpret.values import unpack_bits
 from analyzer.errors import InterpretError, MilError, UnknownOpError
-from analyzer.graph.interpret import load_interpreter, supported_op_types
-from analyzer.graph.interpret.values import unpack_bits
 
 RNG = np.random.default_rng(7)
 FP16_RTOL, FP16_ATOL = 1e-3, 1e-3
@@ -539,8 +539,8 @@ def test_multifunction_package_runs_the_named_function(tmp_path):
 
 
 def test_blob_data_is_memory_mapped_and_exact(tmp_path):
-    """``Blobs.data`` (analyzer.graph.mil_reader) returns the stored bytes of a weight as a read-only memory map."""
-    from analyzer.graph.mil_reader import Blobs, load_function
+    """``Blobs.data`` (analyzer.ir.coreml.mil_reader) returns the stored bytes of a weight as a read-only memory map."""
+    from analyzer.ir.coreml.mil_reader import Blobs, load_function
 
     weight = (RNG.standard_normal((40, 30)) * 3).astype(np.float16)
 
@@ -605,7 +605,7 @@ def test_fp16_widening_is_the_same_with_numpy_or_torch(monkeypatch):
     """Every fp16 bit pattern widened both ways (ops._common.widen_into: NumPy until a process has widened
     TORCH_AFTER_ELEMENTS or imported torch, then torch's vectorized copy) gives the same fp32 bits; a NaN stays
     a NaN (torch quiets a signalling NaN's payload, NumPy keeps it)."""
-    from analyzer.graph.interpret.ops import _common
+    from analyzer.engines.interpret.ops import _common
 
     src = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     monkeypatch.setattr(_common, "_widened", [0])

@@ -15,8 +15,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
 from analyzer.cli import main
+from analyzer.engines.interpret import decode_steps, infer_roles, load_interpreter, load_roles, roles_from_json
 from analyzer.errors import InterpretError
-from analyzer.graph.interpret import decode_steps, infer_roles, load_interpreter, load_roles, roles_from_json
 from tests.shipped_styles import HKV, PREFILL, PREFILL_S, L, S
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from analyzer.graph.interpret import decode_steps, infer_roles, load_interpreter
-from analyzer.graph.interpret.roles import InputRoles
+from analyzer.engines.interpret import decode_steps, infer_roles, load_interpreter
+from analyzer.engines.interpret.roles import InputRoles
 from analyzer.model.decode import DecodeStep, build_model, run_decode
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from tests.conftest import PRESET_CTX, TINY_CTX, TINY_OVERRIDES, preset_source

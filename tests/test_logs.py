@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer.device.logs import (
+from analyzer.measure.logs import (
     LogImport,
     LogLimits,
     LogValidationError,
@@ -25,7 +25,7 @@ from analyzer.device.logs import (
     parse_logs,
     summarize,
 )
-from analyzer.device.logs.validate import DEFAULT_PHASE_NOTE
+from analyzer.measure.logs.validate import DEFAULT_PHASE_NOTE
 
 REPO = Path(__file__).resolve().parent.parent
 HEADER = "device,build,tok_per_s\n"

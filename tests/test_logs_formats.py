@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.device.bandwidth_model import inferred_bytes_per_token, predicted_tok_per_s
-from analyzer.device.fit import FitPoint, fit_bandwidth
-from analyzer.device.logs import FORMATS, parse_log, parse_logs, summarize
 from analyzer.fmt import to_csv
+from analyzer.measure.logs import FORMATS, parse_log, parse_logs, summarize
+from analyzer.predict.bandwidth_model import inferred_bytes_per_token, predicted_tok_per_s
+from analyzer.predict.fit import FitPoint, fit_bandwidth
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "logs"

@@ -17,7 +17,8 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.device.logs import (
+from analyzer.errors import QfoldError
+from analyzer.measure.logs import (
     PHASES,
     TOK_PER_S_RANGE,
     TOKEN_COUNT_MAX,
@@ -26,7 +27,6 @@ from analyzer.device.logs import (
     parse_log,
     parse_logs,
 )
-from analyzer.errors import QfoldError
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                     derandomize=True)

@@ -11,8 +11,8 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
-from analyzer.graph.accounting import RULES, account
-from analyzer.graph.mil_reader import layer_from_name, read_program
+from analyzer.analysis.accounting import RULES, account
+from analyzer.ir.coreml.mil_reader import layer_from_name, read_program
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -255,7 +255,7 @@ def multifunction_package(tmp_path_factory):
 
 
 def test_a_multifunction_package_lists_and_reports_every_function(multifunction_package, capsys):
-    from analyzer.graph.mil_reader import list_functions
+    from analyzer.ir.coreml.mil_reader import list_functions
 
     assert list_functions(multifunction_package) == ("decode", "prefill")
     assert [op.type for op in read_program(multifunction_package).ops if op.type != "const"] == ["linear", "relu"]
@@ -299,7 +299,7 @@ def test_peak_rss_is_read_in_bytes_on_macos_and_kib_on_linux(monkeypatch):
 
 
 def test_the_dashboard_catalog_offers_each_function(multifunction_package, three_op_package):
-    from analyzer.graph.record import load_analysis
+    from analyzer.analysis.record import load_analysis
     from analyzer.report.catalog import package_refs
 
     refs = package_refs(multifunction_package)
@@ -310,16 +310,16 @@ def test_the_dashboard_catalog_offers_each_function(multifunction_package, three
 
 
 def test_reading_or_running_a_small_package_imports_neither_coremltools_nor_torch(three_op_package):
-    """Reading a package needs coremltools' protobuf modules only (analyzer.graph.milproto.coreml_proto), and the
+    """Reading a package needs coremltools' protobuf modules only (analyzer.ir.coreml.milproto.coreml_proto), and the
     interpreter widens a small program's fp16 with NumPy (ops._common.TORCH_AFTER_ELEMENTS): a process that reads or
     runs one (inspect, diff, run, the dashboard) does not pay coremltools' import (~4-6 s of CPU: its converters
     import torch) nor torch's (~3 s). Imported afterwards, coremltools' message classes are the reader's."""
     code = (
         "import sys\n"
-        "from analyzer.graph.mil_reader import read_program, read_spec\n"
+        "from analyzer.ir.coreml.mil_reader import read_program, read_spec\n"
         f"program = read_program({str(three_op_package)!r})\n"
         "assert [op.type for op in program.ops if op.type != 'const'] == ['tile', 'reshape', 'matmul'], program.ops\n"
-        "from analyzer.graph.interpret import load_interpreter\n"
+        "from analyzer.engines.interpret import load_interpreter\n"
         "interp = load_interpreter(program.path)\n"
         "import numpy as np\n"
         "out = interp.run({'k_cache': np.ones((1, 2, 1, 8, 4), np.float16)}).outputs\n"

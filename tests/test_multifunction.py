@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.analysis.record import ANALYSIS_FILE, function_analysis_file, load_analyses, load_analysis
 from analyzer.convert.launch import PACKAGE_NAME, reanalyze, run_build
 from analyzer.errors import AnalysisFileError, QfoldError
-from analyzer.graph.mil_reader import list_functions, read_program
-from analyzer.graph.record import ANALYSIS_FILE, function_analysis_file, load_analyses, load_analysis
+from analyzer.ir.coreml.mil_reader import list_functions, read_program
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.model.spec import BuildSpec
 from analyzer.report.catalog import build_refs, phase_sibling

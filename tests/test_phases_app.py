@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analyzer.graph.record import load_analyses
+from analyzer.analysis.record import load_analyses
 
 from .test_app import TIMEOUT_S, new_app, texts
 

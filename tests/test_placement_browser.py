@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.graph.record import load_analysis
+from analyzer.analysis.record import load_analysis
 from analyzer.report.catalog import shipped_analyses
 from analyzer.report.graphview import dot_binary
 from tests.placement_plans import all_ane, plan_bytes, slice_update_on_cpu

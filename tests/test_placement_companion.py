@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from coremltools.proto import Model_pb2
 
+from analyzer.analysis.record import load_analysis
 from analyzer.cli import main as cli_main
-from analyzer.device.logs import parse_log
-from analyzer.device.placement import is_compute, join_plan, parse_plan
-from analyzer.graph.interpret.executor import load_interpreter
-from analyzer.graph.record import load_analysis
+from analyzer.engines.interpret.executor import load_interpreter
+from analyzer.measure.logs import parse_log
+from analyzer.measure.placement import is_compute, join_plan, parse_plan
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "macos" / "profile_coreml.py"

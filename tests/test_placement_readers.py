@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.analysis.record import load_analysis
 from analyzer.cli import main
-from analyzer.device.placement import compare_placement, is_compute, is_plan, join_plan, parse_plan
-from analyzer.graph.record import load_analysis
+from analyzer.measure.placement import compare_placement, is_compute, is_plan, join_plan, parse_plan
 from analyzer.report import graphview as gv
 from analyzer.report import placement_figures as pf
 from analyzer.report.graphview.layout import OFF_ANE_BORDER

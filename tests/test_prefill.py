@@ -6,15 +6,15 @@ the config by hand."""
 import pytest
 import torch
 
+from analyzer.analysis.flops import count_flops
 from analyzer.convert.child import convert_step
-from analyzer.device.roofline import prompt_calls
 from analyzer.errors import SourceError
-from analyzer.graph.flops import count_flops
-from analyzer.graph.mil_reader import read_program
+from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.decode import build_model
 from analyzer.model.equivalence import check_prefill_equivalence, prefill_tokens
 from analyzer.model.prefill import PrefillStep, make_prefill_mask, run_prefill
 from analyzer.model.sources import geometry_of, resolve_source
+from analyzer.predict.roofline import prompt_calls
 
 N, CTX = 64, 128  # two prefill calls fill the cache; the second reads what the first wrote
 BASE = ["num_hidden_layers=2", "intermediate_size=256", "vocab_size=512"]

@@ -22,9 +22,9 @@ from coremltools.converters.mil.mil import types
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from analyzer.analysis.accounting import CATEGORIES, account
 from analyzer.errors import QfoldError
-from analyzer.graph.accounting import CATEGORIES, account
-from analyzer.graph.mil_reader import VIEW_OPS, read_program
+from analyzer.ir.coreml.mil_reader import VIEW_OPS, read_program
 
 pytestmark = pytest.mark.conversion
 

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from analyzer.analysis.record import SCHEMA_VERSION, analysis_from_json, read_analysis_file
+from analyzer.compare.diff import figure_differences
 from analyzer.errors import AnalysisFileError
 from analyzer.fsio import write_json_atomic
-from analyzer.graph.diff import figure_differences
-from analyzer.graph.record import SCHEMA_VERSION, analysis_from_json, read_analysis_file
 
 REPO = Path(__file__).resolve().parent.parent
 V1 = REPO / "tests" / "data" / "v1-tiny-repeat_kv-top8.analysis.json"

@@ -1,4 +1,4 @@
-"""The one classifier of KV replication (analyzer.graph.replication) on backend-neutral facts: no MIL here.
+"""The one classifier of KV replication (analyzer.ir.replication) on backend-neutral facts: no MIL here.
 
 Each case states a copy the way a reader would (source shape, the steps to each operand, the consumer kind) and
 checks the verdict and its reason. Shapes: Hkv = 2 KV heads, G = 4, Hq = 8, S = 6 slots, D = 4 head dim.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.graph.replication import (
+from analyzer.ir.replication import (
     MATMUL_LHS,
     MATMUL_RHS,
     OTHER,

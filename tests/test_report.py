@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE, fixed_assumption
-from analyzer.device.crosscheck import crosscheck
-from analyzer.device.logs import BuildDeviceSummary
 from analyzer.fmt import MB, MIB
+from analyzer.measure.logs import BuildDeviceSummary
+from analyzer.predict.bandwidth_model import WRITEUP_AB_IPHONE, fixed_assumption
+from analyzer.predict.crosscheck import crosscheck
 from analyzer.report import bandwidth_figures, headline, report
 from analyzer.report.catalog import load_shipped
 from tests.synthetic import TILE_BYTES, build_info, decode_analysis, decode_program, equivalence
@@ -109,7 +109,7 @@ def test_report_of_the_shipped_default_reproduces_the_writeup():
 
 
 def test_report_of_the_shipped_top8_states_the_assumed_attention_precision():
-    from analyzer.graph.record import read_analysis_file
+    from analyzer.analysis.record import read_analysis_file
     from analyzer.report.catalog import SHIPPED_DIR, shipped_name
 
     a, b = (read_analysis_file(SHIPPED_DIR / shipped_name("exaone-4.0-1.2b", v, "state", 4096, "top8"))

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from analyzer.device.logs import parse_logs, summarize
-from analyzer.device.profiles import EXAMPLE_PROFILES, ProfileError, load_profiles, parse_profiles
-from analyzer.device.roofline import Roof, predict, predict_call, prefill_runs, time_to_first_token
-from analyzer.graph.record import read_analysis_file
+from analyzer.analysis.record import read_analysis_file
+from analyzer.measure.logs import parse_logs, summarize
 from analyzer.model.sources import DEFAULT_PRESET
+from analyzer.predict.profiles import EXAMPLE_PROFILES, ProfileError, load_profiles, parse_profiles
+from analyzer.predict.roofline import Roof, predict, predict_call, prefill_runs, time_to_first_token
 from analyzer.report import roofline_figures as rf
 from analyzer.report.catalog import SHIPPED_DIR, shipped_name
 

@@ -1,4 +1,4 @@
-"""The shape an analysis assumes for each flexible input (analyzer/graph/shapes.py, issue #20): query lengths at
+"""The shape an analysis assumes for each flexible input (analyzer/analysis/shapes.py, issue #20): query lengths at
 their lower bound, contexts at their upper bound, an enumerated input at its default, anything else given or
 refused naming the input; and the fold's refusal of a size it needs static, naming it."""
 
@@ -10,12 +10,12 @@ import pytest
 from coremltools.converters.mil.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol, types
 
+from analyzer.analysis.record import load_analysis
+from analyzer.analysis.shapes import InputRange, assume_shapes, parse_shape_text
 from analyzer.cli import main
+from analyzer.engines.interpret.values import MAX_ARRAY_BYTES_ENV
 from analyzer.errors import ShapeError
-from analyzer.graph.interpret.values import MAX_ARRAY_BYTES_ENV
-from analyzer.graph.passes.gqa_fold import fold_gqa_replication
-from analyzer.graph.record import load_analysis
-from analyzer.graph.shapes import InputRange, assume_shapes, parse_shape_text
+from analyzer.fold.coreml.gqa_fold import fold_gqa_replication
 from tests.shipped_styles import save
 
 H = 8

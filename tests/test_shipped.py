@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.graph.diff import figure_differences
-from analyzer.graph.record import SCHEMA_VERSION, load_analysis, read_analysis_file
+from analyzer.analysis.record import SCHEMA_VERSION, load_analysis, read_analysis_file
+from analyzer.compare.diff import figure_differences
 from analyzer.model.sources import DEFAULT_PRESET, load_config, resolve_source
 from analyzer.report.catalog import SHIPPED_DIR, shipped_files, shipped_name
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.graph.diff import figure_differences
-from analyzer.graph.record import read_analysis_file
+from analyzer.analysis.record import read_analysis_file
+from analyzer.compare.diff import figure_differences
 from analyzer.report.catalog import shipped_files
 
 pytestmark = [pytest.mark.full, pytest.mark.conversion]

@@ -3,8 +3,8 @@ KV as state): same tiles and tile bytes as the full-size EXAONE 4.0 1.2B."""
 
 import pytest
 
-from analyzer.graph.diff import diff_analyses
-from analyzer.graph.record import load_analysis
+from analyzer.analysis.record import load_analysis
+from analyzer.compare.diff import diff_analyses
 
 pytestmark = pytest.mark.conversion
 

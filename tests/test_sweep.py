@@ -23,25 +23,25 @@ import pandas as pd
 import psutil
 import pytest
 
+from analyzer.analysis.accounting import CATEGORIES
+from analyzer.analysis.ctx_affine import canonical, same_program
+from analyzer.analysis.record import load_analysis, write_analysis
 from analyzer.convert.launch import list_builds, run_builds
-from analyzer.device.profiles import DEFAULT_PROFILE, get_profile, load_profiles, parse_profiles
-from analyzer.device.sweep import RayOptions, build_memory_bytes, describe_progress, run_sweep
-from analyzer.device.sweep_derive import DERIVED_DIR
-from analyzer.device.sweep_ray import equivalence_groups, store_analysis
-from analyzer.device.sweep_spec import (
+from analyzer.errors import QfoldError
+from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
+from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
+from analyzer.predict.profiles import DEFAULT_PROFILE, get_profile, load_profiles, parse_profiles
+from analyzer.sweep.derive import DERIVED_DIR
+from analyzer.sweep.driver import RayOptions, build_memory_bytes, describe_progress, run_sweep
+from analyzer.sweep.grid import (
     DIMENSION_NAMES,
     SweepError,
     SweepPoint,
     make_spec,
     read_spec_file,
 )
-from analyzer.device.sweep_table import SweepRow, check_table_path, finished_row, read_table, write_table
-from analyzer.errors import QfoldError
-from analyzer.graph.accounting import CATEGORIES
-from analyzer.graph.ctx_affine import canonical, same_program
-from analyzer.graph.record import load_analysis, write_analysis
-from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, resolve_source
-from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
+from analyzer.sweep.ray_workers import equivalence_groups, store_analysis
+from analyzer.sweep.table import SweepRow, check_table_path, finished_row, read_table, write_table
 from tests.conftest import TINY_CTX, TINY_OVERRIDES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -321,7 +321,7 @@ def test_store_analysis_refuses_a_worker_with_other_tool_versions(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- derived points
-# Issue 23, item 3 (analyzer.device.sweep_derive): one graph at five ctx values converts three, derives two.
+# Issue 23, item 3 (analyzer.sweep.derive): one graph at five ctx values converts three, derives two.
 SWEEP_CTX = (256, 512, 640, 768, 1024)
 CONVERTED, DERIVED = (256, 512, 768), (640, 1024)  # the law's two points, then its check; 1024 = the largest ctx
 

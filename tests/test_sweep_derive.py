@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from analyzer.device.sweep import plan_points
-from analyzer.device.sweep_derive import plan_segments
-from analyzer.device.sweep_spec import make_spec
-from analyzer.graph.accounting import account
-from analyzer.graph.ctx_affine import CtxLawError, canonical, derive_program, prove_affine, same_program
-from analyzer.graph.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
+from analyzer.analysis.accounting import account
+from analyzer.analysis.ctx_affine import CtxLawError, canonical, derive_program, prove_affine, same_program
+from analyzer.ir.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
+from analyzer.sweep.derive import plan_segments
+from analyzer.sweep.driver import plan_points
+from analyzer.sweep.grid import make_spec
 
 
 # ------------------------------------------------------------------------------------------------- the law by hand

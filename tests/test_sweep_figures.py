@@ -5,12 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analyzer.device.logs import Measurement
-from analyzer.device.sweep import SweepJob
-from analyzer.device.sweep_spec import SweepPoint, make_spec
-from analyzer.device.sweep_table import SweepRow, read_table, write_table
 from analyzer.fmt import MB
+from analyzer.measure.logs import Measurement
 from analyzer.report import sweep_figures as sf
+from analyzer.sweep.driver import SweepJob
+from analyzer.sweep.grid import SweepPoint, make_spec
+from analyzer.sweep.table import SweepRow, read_table, write_table
 from tests.conftest import TINY_CTX
 from tests.test_app import new_app
 

@@ -17,9 +17,9 @@ import json
 
 from analyzer import fmt
 from analyzer.cli.common import positive_int
-from analyzer.device.bench import log_csv, profile_json, run_bench
 from analyzer.errors import CoreAIRuntimeError
 from analyzer.fsio import write_text_atomic
+from analyzer.measure.bench import log_csv, profile_json, run_bench
 from analyzer.report.labels import bench_label
 
 

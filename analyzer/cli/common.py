@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from analyzer.graph.byte_account import DEFAULT_WEIGHT_CHARGE, WEIGHT_CHARGES
-from analyzer.graph.record import load_analyses, load_analysis
-from analyzer.graph.shapes import check_names, parse_shape_args
+from analyzer.analysis.byte_account import DEFAULT_WEIGHT_CHARGE, WEIGHT_CHARGES
+from analyzer.analysis.record import load_analyses, load_analysis
+from analyzer.analysis.shapes import check_names, parse_shape_args
 
 
 class Parser(argparse.ArgumentParser):

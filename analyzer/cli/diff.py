@@ -7,13 +7,13 @@ import sys
 from typing import Any
 
 from analyzer import fmt
+from analyzer.analysis.record import Analysis
 from analyzer.cli.common import add_analysis_options, check_shape_names, load_for_cli
 from analyzer.cli.placement import join_for_cli
-from analyzer.device.placement import PlacementAB, compare_placement
+from analyzer.compare.diff import ABDiff, Change, diff_analyses
+from analyzer.compare.diff_reasons import explain
 from analyzer.errors import QfoldError
-from analyzer.graph.diff import ABDiff, Change, diff_analyses
-from analyzer.graph.diff_reasons import explain
-from analyzer.graph.record import Analysis
+from analyzer.measure.placement import PlacementAB, compare_placement
 
 
 def add_parser(sub) -> None:

@@ -1,6 +1,6 @@
 """``qfold fit``: device logs + graph bytes → cross-check and bandwidth fits, headless.
 
-A thin shell over ``analyzer.device.logs`` and ``analyzer.device.bandwidth_model`` so scripts and CI get the same
+A thin shell over ``analyzer.measure.logs`` and ``analyzer.predict.bandwidth_model`` so scripts and CI get the same
 numbers as the dashboard. Exit codes: 0 done (row-level issues, if any, are listed), 1 a log was
 rejected whole or no row was accepted, 2 a bad argument. Errors go to stderr as one line each,
 never as a traceback.
@@ -8,7 +8,7 @@ never as a traceback.
     qfold fit LOG [LOG ...] [--build LABEL=BUILD_PATH|BYTES ...] [--bw BYTES_PER_S]
                            [--device NAME] [--label BUILD] [--overhead] [--json]
 
-LOG is any format ``analyzer.device.logs`` reads, recognised by content (llama-bench markdown/CSV/JSON/SQL,
+LOG is any format ``analyzer.measure.logs`` reads, recognised by content (llama-bench markdown/CSV/JSON/SQL,
 llama.cpp / mlx_lm / ExecuTorch / ANEMLL runner output, qfold's CSV). Only decode runs are fitted.
 """
 
@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from analyzer import fmt
-from analyzer.device.bandwidth_model import BW_RANGE_BYTES_PER_S
-from analyzer.device.fit import BandwidthReport, bandwidth_report
-from analyzer.device.logs import (
+from analyzer.analysis.record import load_analysis
+from analyzer.errors import QfoldError
+from analyzer.fmt import MB, table
+from analyzer.fsio import file_kind
+from analyzer.measure.logs import (
     FileReport,
     LogImport,
     LogIssue,
@@ -38,14 +40,12 @@ from analyzer.device.logs import (
     parse_decimal,
     parse_logs,
 )
-from analyzer.device.logs.text import file_label
-from analyzer.device.sweep_table import read_table
-from analyzer.device.timing_report import device_model_report, parse_map, report_json, report_text
-from analyzer.errors import QfoldError
-from analyzer.fmt import MB, table
-from analyzer.fsio import file_kind
-from analyzer.graph.record import load_analysis
+from analyzer.measure.logs.text import file_label
+from analyzer.predict.bandwidth_model import BW_RANGE_BYTES_PER_S
+from analyzer.predict.fit import BandwidthReport, bandwidth_report
 from analyzer.report.assumptions import assumption_notes
+from analyzer.sweep.table import read_table
+from analyzer.sweep.timing_report import device_model_report, parse_map, report_json, report_text
 
 PROG = "qfold fit"
 

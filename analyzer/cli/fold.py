@@ -13,7 +13,7 @@ package is reported and proved at ``--shape`` (else the stated defaults). Exits 
     qfold fold IN.aimodel OUT.aimodel [--json] [--steps N] [--seed S] [--input-spec SPEC.json]
 
 does the same for a Core AI asset, or a Core AI build folder (its ``model.aimodel``;
-``analyzer.graph.aimodel.asset_fold``): the replication ops are ``coreai.broadcast_in_dims`` / ``coreai.tile`` (SDPA
+``analyzer.fold.coreai.asset_fold``): the replication ops are ``coreai.broadcast_in_dims`` / ``coreai.tile`` (SDPA
 composite bodies included), and the proof runs on the Core AI runtime. An asset's inputs have static shapes, so a
 ``--shape`` other than an input's own is refused. Core AI folds are not cached.
 """
@@ -24,16 +24,16 @@ import json
 from pathlib import Path
 
 from analyzer import fmt
+from analyzer.analysis.shapes import check_names, check_static_shapes, input_ranges
 from analyzer.cli.common import add_shape_option, positive_int, shapes_of
-from analyzer.convert.fold import check_fold_output, copy_package, fold_cached
+from analyzer.engines.coreai.runtime import asset_in
+from analyzer.engines.interpret import load_roles
 from analyzer.errors import FoldError
+from analyzer.fold.cache import check_fold_output, copy_package, fold_cached
+from analyzer.fold.coreai.asset_fold import fold_asset
 from analyzer.fsio import check_disjoint
-from analyzer.graph.aimodel.asset_fold import fold_asset
-from analyzer.graph.aimodel.runtime import asset_in
-from analyzer.graph.aimodel.walk import read_asset
-from analyzer.graph.interpret import load_roles
-from analyzer.graph.mil_reader import find_package, list_functions
-from analyzer.graph.shapes import check_names, check_static_shapes, input_ranges
+from analyzer.ir.coreai.walk import read_asset
+from analyzer.ir.coreml.mil_reader import find_package, list_functions
 
 
 def add_parser(sub) -> None:

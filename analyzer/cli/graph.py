@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from analyzer.analysis.record import load_analyses, load_analysis
+from analyzer.analysis.shapes import shapes_label
 from analyzer.cli.common import add_shape_option, check_shape_names, shapes_of
 from analyzer.errors import QfoldError
-from analyzer.graph.record import load_analyses, load_analysis
-from analyzer.graph.shapes import shapes_label
 from analyzer.report import graphview as gv
 
 SUFFIXES = (".svg", ".dot")

@@ -7,9 +7,9 @@ import sys
 from typing import Any
 
 from analyzer import fmt
+from analyzer.analysis.accounting import OP_COLUMNS
+from analyzer.analysis.record import Analysis
 from analyzer.cli.common import add_analysis_options, check_shape_names, load_for_cli
-from analyzer.graph.accounting import OP_COLUMNS
-from analyzer.graph.record import Analysis
 from analyzer.model.spec import ANALYSIS_MODE
 
 # Build fields inspect --json repeats, in this order (scripts read them).
@@ -98,7 +98,7 @@ def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
     print(f"\nbytes per {per} (weight charge: {acc.weight_charge})")
     print(fmt.table([(k, b[k], fmt.mib(b[k])) for k in b], ("category", "bytes", "MiB")))
     fc, ft = a.flops.per_call().to_json(), a.flops.per_token().to_json()
-    print(f"\nFLOPs per call and {call.per_token_label} (a multiply-add = 2; conventions: analyzer/graph/flops.py)")
+    print(f"\nFLOPs per call and {call.per_token_label} (a multiply-add = 2; conventions: analyzer/analysis/flops.py)")
     print(fmt.table([(k, fc[k], ft[k]) for k in fc], ("category", "per call", "per token")))
     if a.flops.unruled_op_types:
         print(f"op types with no FLOP rule (counted 0): {', '.join(a.flops.unruled_op_types)}")

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from analyzer import fmt
-from analyzer.device.logs import LogIssue
-from analyzer.device.placement import PlacementJoin, PlacementPlan, join_plan, parse_plan
-from analyzer.device.placement.plan_records import DEFAULT_PLAN_LIMITS
+from analyzer.analysis.record import Analysis, load_analysis
 from analyzer.errors import QfoldError
-from analyzer.graph.record import Analysis, load_analysis
+from analyzer.measure.logs import LogIssue
+from analyzer.measure.placement import PlacementJoin, PlacementPlan, join_plan, parse_plan
+from analyzer.measure.placement.plan_records import DEFAULT_PLAN_LIMITS
 
 OFF_ANE_SHOWN = 20
 

@@ -26,17 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
+from analyzer.analysis.shapes import check_names, check_static_shapes, read_sized
 from analyzer.cli.common import add_shape_option, positive_int, shapes_of
+from analyzer.engines.coreai.runtime import CoreAIRuntime, asset_in
+from analyzer.engines.interpret import decode_steps, infer_roles, load_interpreter, load_roles
+from analyzer.engines.interpret.draws import draw_steps, plan_draws
+from analyzer.engines.interpret.executor import shape_matches
+from analyzer.engines.interpret.input_checks import check_role_values, check_steps
+from analyzer.engines.interpret.values import max_array_bytes
 from analyzer.errors import InterpretError
 from analyzer.fsio import open_regular, resolved
-from analyzer.graph.aimodel.runtime import CoreAIRuntime, asset_in
-from analyzer.graph.interpret import decode_steps, infer_roles, load_interpreter, load_roles
-from analyzer.graph.interpret.draws import draw_steps, plan_draws
-from analyzer.graph.interpret.executor import shape_matches
-from analyzer.graph.interpret.input_checks import check_role_values, check_steps
-from analyzer.graph.interpret.values import max_array_bytes
-from analyzer.graph.mil_reader import TensorInfo
-from analyzer.graph.shapes import check_names, check_static_shapes, read_sized
+from analyzer.ir.coreml.mil_reader import TensorInfo
 
 
 def add_parser(sub) -> None:
@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
                         "are checked against them: token ids below the vocabulary, positions inside the cache): JSON "
                         '{"token_ids": NAME, "position": NAME, "causal_mask": NAME, "vocab_size": N, '
                         '"masked_value": F, "mask_includes_current": B, "kv_inputs": [{"input", "output", '
-                        '"index", "axis"}]} (analyzer/graph/interpret/roles.py); qfold builds need none')
+                        '"index", "axis"}]} (analyzer/engines/interpret/roles.py); qfold builds need none')
     p.add_argument("--seed", type=int, default=0, help="with --steps: seed of the random token ids")
     add_shape_option(p)
     p.set_defaults(func=cmd_run)

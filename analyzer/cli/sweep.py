@@ -5,7 +5,7 @@
     qfold sweep --spec sweep.toml [--out TABLE.csv]
 
 Points of one graph at four or more context lengths cost three conversions; the others are derived from them
-(``analyzer.device.sweep_derive``) and marked ``derived`` in the table, with the ctx they came from.
+(``analyzer.sweep.derive``) and marked ``derived`` in the table, with the ctx they came from.
 Progress goes to stderr; the last stdout line is the table's path. Exit 0 when every point is built or reused,
 1 (after writing the table) when any point failed, 2 for a bad argument.
 """
@@ -15,9 +15,11 @@ from __future__ import annotations
 import sys
 
 from analyzer.cli.common import positive_int
-from analyzer.device.profiles import DEFAULT_PROFILE, get_profile, load_profiles
-from analyzer.device.sweep import RayOptions, progress_printer, run_sweep
-from analyzer.device.sweep_spec import (
+from analyzer.fmt import table
+from analyzer.model.spec import BUILD_MODES
+from analyzer.predict.profiles import DEFAULT_PROFILE, get_profile, load_profiles
+from analyzer.sweep.driver import RayOptions, progress_printer, run_sweep
+from analyzer.sweep.grid import (
     DEFAULT_MAX_POINTS,
     DIMENSIONS,
     TABLE_SUFFIXES,
@@ -25,9 +27,7 @@ from analyzer.device.sweep_spec import (
     make_spec,
     read_spec_file,
 )
-from analyzer.device.sweep_table import check_table_path, write_table
-from analyzer.fmt import table
-from analyzer.model.spec import BUILD_MODES
+from analyzer.sweep.table import check_table_path, write_table
 
 
 def add_parser(sub) -> None:
@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
     p.add_argument("--device", metavar="PROFILE",
                    help=f"device profile for predicted tok/s (default {DEFAULT_PROFILE}; see --list-devices)")
     p.add_argument("--profiles", metavar="CSV",
-                   help="device profiles file (default analyzer/device/device_profiles.csv)")
+                   help="device profiles file (default analyzer/predict/device_profiles.csv)")
     p.add_argument("--list-devices", action="store_true", help="print the device profiles and exit")
     p.add_argument("--address", help="an existing Ray cluster (e.g. ray://head:10001 or auto); default: local")
     p.add_argument("--num-cpus", type=positive_int, help="CPUs of the local cluster (default: all)")

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from analyzer import quiet_coremltools
+from analyzer.analysis.buildinfo import EquivalenceCheck, equivalence_from_json, equivalence_json
 from analyzer.convert.progress import emit, worker_pool
+from analyzer.engines.interpret import decode_steps, load_interpreter
 from analyzer.errors import QfoldError
 from analyzer.fsio import read_json, write_json_atomic
-from analyzer.graph.buildinfo import EquivalenceCheck, equivalence_from_json, equivalence_json
-from analyzer.graph.interpret import decode_steps, load_interpreter
 from analyzer.jsonfields import Field
 from analyzer.model.cost import estimate
 from analyzer.model.decode import DecodeStep, build_model, run_decode

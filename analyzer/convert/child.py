@@ -37,7 +37,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from analyzer import quiet_coremltools
-from analyzer.convert.aimodel_build import coreai_group
+from analyzer.analysis.record import ANALYSIS_FILE, Analysis, function_analysis_file, write_analysis
 from analyzer.convert.builds_folder import (
     QueueEntry,
     clean_stale_tmp,
@@ -47,13 +47,13 @@ from analyzer.convert.builds_folder import (
     write_queue_entry,
 )
 from analyzer.convert.checks import ReducedEquivalences, is_reduced_size
+from analyzer.convert.coreai_build import coreai_group
 from analyzer.convert.launch import LOG_FILE, is_complete
 from analyzer.convert.modes import analysis_group, materialised_group
 from analyzer.convert.progress import LOG, T0, emit, peak_rss_bytes, report_errors, result  # noqa: F401  (peak_rss_bytes: re-exported)
 from analyzer.convert.step import convert_step, ct_io  # noqa: F401  (re-exported: tests and tools import them here)
 from analyzer.errors import BuildError
 from analyzer.fsio import read_json
-from analyzer.graph.record import ANALYSIS_FILE, Analysis, function_analysis_file, write_analysis
 from analyzer.model.backends import COREAI
 from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE, BuildSpec
 

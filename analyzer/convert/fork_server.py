@@ -51,7 +51,7 @@ from typing import IO
 from analyzer.convert import progress
 from analyzer.convert.fork_address import connect, import_time_env, listen, same_user, server_address
 
-PRELOAD = ("analyzer.convert.child", "analyzer.convert.fold_child")  # what a child imports; all of it, once
+PRELOAD = ("analyzer.convert.child", "analyzer.fold.fold_child")  # what a child imports; all of it, once
 IDLE_S = 600.0
 EXIT_WAIT_S = 10.0  # how long a requester, as it exits, waits for its servers to end
 _MAX_MESSAGE = 1 << 20

@@ -15,7 +15,7 @@ need them (design.md, "Second stage"). A value-free build:
    come from (:class:`ValueFreePalettizer`, :class:`ValueFreeLinearQuantizer`);
 5. exports the program to protobuf with coremltools' own exporter, except that a weight blob is written as its
    MIL blob storage header only (:class:`HeaderOnlyBlobWriter`), and walks that skeleton package with the same
-   ``analyzer.graph.mil_reader.read_program`` as any package (:func:`walk_program`). The skeleton is then deleted:
+   ``analyzer.ir.coreml.mil_reader.read_program`` as any package (:func:`walk_program`). The skeleton is then deleted:
    an analysis-mode build keeps no package.
 
 Peak memory then follows the graph (ops, activation shapes), not the parameter count. Everything here is
@@ -37,8 +37,8 @@ import numpy as np
 from analyzer.convert.compress.apply import _const_weights, check_all_compressed, optimization_configs, plan_weights
 from analyzer.convert.quick_passes import quick_passes
 from analyzer.convert.step import convert_kwargs, main_pipeline, one_value_equal, reset_op_names, value_free_pipeline
-from analyzer.graph.mil_reader import MilProgram, read_program
-from analyzer.graph.milproto import ZERO_CHECK_MAX_BYTES
+from analyzer.ir.coreml.mil_reader import MilProgram, read_program
+from analyzer.ir.coreml.milproto import ZERO_CHECK_MAX_BYTES
 
 # MIL blob storage v2 (coremltools' libmilstoragepython ``_BlobStorageWriter``): a 64-byte file header
 # (blob count, version 2), then per blob a 64-byte metadata record (sentinel, dtype code, size in bytes, data

@@ -27,14 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from analyzer.convert.builds_folder import request_paths
-from analyzer.convert.fork_server import ForkedChild, start_child
-from analyzer.convert.progress import PROGRESS_PREFIX
-from analyzer.errors import BuildError, QfoldError
-from analyzer.fsio import file_kind, resolved
-from analyzer.graph.aimodel.walk import read_asset
-from analyzer.graph.mil_reader import read_program
-from analyzer.graph.record import (
+from analyzer.analysis.record import (
     ANALYSIS_FILE,
     Analysis,
     function_analysis_files,
@@ -42,13 +35,20 @@ from analyzer.graph.record import (
     read_analysis_file,
     write_analysis,
 )
+from analyzer.convert.builds_folder import request_paths
+from analyzer.convert.fork_server import ForkedChild, start_child
+from analyzer.convert.progress import PROGRESS_PREFIX
+from analyzer.errors import BuildError, QfoldError
+from analyzer.fsio import file_kind, resolved
+from analyzer.ir.coreai.walk import read_asset
+from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.backends import COREML, require_coreai
 from analyzer.model.cost import check_request
 from analyzer.model.sources import load_config, safetensors_shapes
 from analyzer.model.spec import BuildSpec
 
 PACKAGE_NAME = "model.mlpackage"
-ASSET_NAME = "model.aimodel"  # a Core AI build's asset (analyzer.graph.aimodel), beside analysis.json
+ASSET_NAME = "model.aimodel"  # a Core AI build's asset (analyzer.ir.coreai), beside analysis.json
 LOG_FILE = "build.log"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,11 +128,11 @@ def run_folded_build(spec: BuildSpec, root: str | Path | None = None,
                      on_progress: Callable[[Progress], None] | None = None,
                      timeout_s: float | None = None) -> BuildResult:
     """The ``repeat_kv+fold`` build of ``spec``, a ``repeat_kv`` spec built first (``run_builds``): folded,
-    proven and written beside it by a child process (``analyzer.convert.fold_child``), so that the fold pass's
+    proven and written beside it by a child process (``analyzer.fold.fold_child``), so that the fold pass's
     coremltools loads there and not in the caller."""
     t0 = time.monotonic()
     root = builds_dir(root)
-    cmd, log_path = _child_request(root, f"{spec.key}-fold", spec.to_json(), "analyzer.convert.fold_child")
+    cmd, log_path = _child_request(root, f"{spec.key}-fold", spec.to_json(), "analyzer.fold.fold_child")
     outcomes = run_child(f"{spec.key} (folded)", cmd, log_path, on_progress, timeout_s, t0)
     if len(outcomes) != 1 or not is_complete(root / next(iter(outcomes))):
         raise BuildError(f"fold of {spec.key} failed: the fold ended without a finished build (log: {log_path})")

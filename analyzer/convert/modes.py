@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from analyzer import quiet_coremltools
+from analyzer.analysis.buildinfo import BuildInfo
+from analyzer.analysis.program_json import program_from_json, program_to_json
+from analyzer.analysis.record import SCHEMA_VERSION, Analysis
 from analyzer.convert.checks import (
     ReducedEquivalences,
     interpreter_check,
@@ -38,10 +41,7 @@ from analyzer.convert.header_blobs import compress_program, to_program, walk_pro
 from analyzer.convert.launch import PACKAGE_NAME
 from analyzer.convert.progress import Clock, emit, peak_rss_bytes, worker_pool
 from analyzer.convert.step import convert_step, trace_step
-from analyzer.graph.buildinfo import BuildInfo
-from analyzer.graph.mil_reader import list_functions, read_program
-from analyzer.graph.program_json import program_from_json, program_to_json
-from analyzer.graph.record import SCHEMA_VERSION, Analysis
+from analyzer.ir.coreml.mil_reader import list_functions, read_program
 from analyzer.jsonfields import Field
 from analyzer.model.backends import COREAI, TORCH_DTYPES, coreai_versions
 from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_

@@ -9,7 +9,7 @@ step as Core ML builds; they do not take:
 * ``--phase decode+prefill``: one asset per phase (build decode and prefill separately);
 * ``--weights fp32`` is Core AI only: a Core ML build always computes in fp16 (``compute_precision`` FLOAT16).
 
-Both build modes work (``analyzer.convert.aimodel_build``); a Core AI build defaults to ``materialised`` (the CLI),
+Both build modes work (``analyzer.convert.coreai_build``); a Core AI build defaults to ``materialised`` (the CLI),
 since Core AI's runtime runs here and its asset is made to be run and timed.
 
 The ``sdpa_gqa`` variant is Core AI only: coremltools 9.0 ignores ``enable_gqa``, so a Core ML conversion would fail

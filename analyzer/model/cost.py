@@ -20,7 +20,7 @@ untied; norm scales and biases, < 0.1%, are left out). Memory, from measurements
   ≈ 1.2 GB (two processes: the build and its reduced-model equivalence worker) and ≈ 0.04 bytes per weight
   byte, 0.08 per parameter.
 
-* a Core AI materialised build (``--backend coreai``; ``analyzer.convert.aimodel_build``) holds the torch weights and
+* a Core AI materialised build (``--backend coreai``; ``analyzer.convert.coreai_build``) holds the torch weights and
   the converted program's own copy at once, then (the torch copy gone) the program and ``save_asset``'s read of the
   saved bytecode: bench/results/coreai.json measured the full-size EXAONE 4.0 1.2B with fp16 weights (W = 2.56 GB)
   at 6.05 GB for the conversion child and 7.13 GB for the process tree (the build command and the reduced-model

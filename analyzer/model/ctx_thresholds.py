@@ -1,5 +1,5 @@
 """Where qfold's converted step changes with the context length: the config thresholds a ctx sweep never derives
-across (``analyzer.device.sweep_derive``).
+across (``analyzer.sweep.derive``).
 
 For one graph (source, variant, KV mode, compression, phase, build mode) qfold's decode and prefill steps see ctx
 only as tensor sizes: the KV buffers ``[1, Hkv, S, D]``, the mask ``[1, 1, N, S]``, the window mask's

@@ -161,7 +161,7 @@ def run_prefill(step: PrefillStep, tokens: list[int], dtype: torch.dtype) -> tor
 def call_inputs(step: PrefillStep, tokens: list[int], pos: int) -> dict[str, np.ndarray]:
     """The Core ML inputs of one prefill call, by name, as NumPy arrays (``input_ids``, ``current_pos``,
     ``causal_mask``; the caches as zeros with ``--kv input``): what the converted package's ``prefill`` function
-    takes. This is the hook for the MIL interpreter's check (issue #9's ``analyzer.graph.interpret``): run the
+    takes. This is the hook for the MIL interpreter's check (issue #9's ``analyzer.engines.interpret``): run the
     function on these inputs and compare its logits and the N cache slots it writes with :func:`run_prefill`'s."""
     import torch
 

@@ -53,7 +53,7 @@ BUILD_MODES: dict[str, str] = {
     MATERIALISED_MODE: "weights with values (seeded random, or a folder's safetensors): a runnable .mlpackage "
                        "to export, at the cost of a full conversion",
 }
-# A build route, not an attention variant: repeat_kv converted, then folded by qfold's pass (analyzer.convert.fold).
+# A build route, not an attention variant: repeat_kv converted, then folded by qfold's pass (analyzer.fold.cache).
 FOLD_VARIANT = "repeat_kv+fold"
 FOLD_BASE_VARIANT = "repeat_kv"  # the variant that route converts and folds
 SOURCE_KINDS = ("preset", "config", "folder")

@@ -4,8 +4,8 @@ rather than something the write-up states."""
 
 from __future__ import annotations
 
+from analyzer.analysis.record import Analysis
 from analyzer.convert.compress import PRESETS, preset_of
-from analyzer.graph.record import Analysis
 
 WEIGHT_CHARGE_TEXT = {
     "compressed": "compressed weights charged as stored (indices + LUT + scales) every token",

@@ -12,9 +12,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from analyzer import fmt
-from analyzer.device.bandwidth_model import DEFAULT_MAX_RESIDUAL_PCT
-from analyzer.device.fit import BandwidthFit
 from analyzer.fmt import MB
+from analyzer.predict.bandwidth_model import DEFAULT_MAX_RESIDUAL_PCT
+from analyzer.predict.fit import BandwidthFit
 from analyzer.report.figures import CATEGORY_COLORS, COLOR_A, COLOR_B, DEVICE_COLORS, style
 
 BANDWIDTH_COLUMNS = ("build", "device", "n", "measured_tok_per_s", "graph_bytes_per_token",
@@ -23,7 +23,7 @@ BANDWIDTH_COLUMNS = ("build", "device", "n", "measured_tok_per_s", "graph_bytes_
 
 
 def bandwidth_frame(report: Any) -> pd.DataFrame:
-    """One row per (build, device) of an ``analyzer.device.crosscheck.CrossCheckReport``."""
+    """One row per (build, device) of an ``analyzer.predict.crosscheck.CrossCheckReport``."""
     rows = [{c: getattr(r, c) for c in BANDWIDTH_COLUMNS} for r in report.builds]
     frame = pd.DataFrame(rows, columns=list(BANDWIDTH_COLUMNS))
     for c in ("graph_bytes_per_token", "inferred_bytes_per_token", "gap_bytes"):

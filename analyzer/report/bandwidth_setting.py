@@ -3,10 +3,10 @@ HTML report all read the same :class:`BandwidthSetting`, so no two of them can d
 
 Three sources, each saying what it is:
 
-``profile``  a cited device profile (``analyzer.device.profiles``: the write-up's assumed constant, published
+``profile``  a cited device profile (``analyzer.predict.profiles``: the write-up's assumed constant, published
              Neural Engine measurements, datasheet figures), the default being the write-up's 55,900 MB/s
 ``typed``    a value typed exactly, in MB/s (1 MB = 10^6 bytes)
-``fitted``   fitted on the loaded device logs (``analyzer.device.fit``): per device on the Bandwidth page; for a
+``fitted``   fitted on the loaded device logs (``analyzer.predict.fit``): per device on the Bandwidth page; for a
              single A/B prediction, the fit of the device that measured the pair, else the first usable fit
 
 A setting round-trips through one short text (``profile:m1-ane``, ``typed:55900``, ``fitted``) so a link can
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from analyzer import fmt
-from analyzer.device.bandwidth_model import check_bw
-from analyzer.device.fit import BandwidthFit
-from analyzer.device.profiles import DEFAULT_PROFILE, DeviceProfile
 from analyzer.fmt import MB
+from analyzer.predict.bandwidth_model import check_bw
+from analyzer.predict.fit import BandwidthFit
+from analyzer.predict.profiles import DEFAULT_PROFILE, DeviceProfile
 
 BandwidthSource = Literal["profile", "typed", "fitted"]
 SOURCES: tuple[BandwidthSource, ...] = ("profile", "typed", "fitted")

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from analyzer.analysis.record import Analysis, read_analysis_file
+from analyzer.analysis.shapes import package_shapes, shapes_label
 from analyzer.convert.compress import PRESETS
 from analyzer.convert.launch import PACKAGE_NAME, build_folder, builds_dir, list_builds
-from analyzer.device.logs import BuildDeviceSummary
 from analyzer.errors import QfoldError
-from analyzer.graph.aimodel.asset import looks_like_asset
-from analyzer.graph.record import Analysis, read_analysis_file
-from analyzer.graph.shapes import package_shapes, shapes_label
+from analyzer.ir.coreai.asset import looks_like_asset
+from analyzer.measure.logs import BuildDeviceSummary
 from analyzer.model.sources import DEFAULT_PRESET, list_presets
 from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE, MULTIFUNCTION_PHASE, PHASES, BuildSpec, phases_of
 from analyzer.model.variants import KV_MODES, VARIANTS
@@ -278,7 +278,7 @@ def phase_sibling(ref: AnalysisRef, phase: str, refs: Sequence[AnalysisRef]) -> 
 def package_refs(path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[AnalysisRef]:
     """A ``.mlpackage`` someone else built, analysed from its protobuf (no spec, no equivalence): one ref, or
     one per function of a multi-function package. A flexible package is analysed at ``shapes`` (input name →
-    shape, else the stated defaults: :mod:`analyzer.graph.shapes`), which its label carries; a shape outside its
+    shape, else the stated defaults: :mod:`analyzer.analysis.shapes`), which its label carries; a shape outside its
     input's range, a name no input has or a flexible dimension with no default is a ShapeError. A Core AI
     ``.aimodel`` is one ref (its ``main``; its shapes are static)."""
     p = Path(path).expanduser().resolve()

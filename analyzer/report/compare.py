@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from analyzer.graph.buildinfo import BuildInfo
-from analyzer.graph.record import Analysis
+from analyzer.analysis.buildinfo import BuildInfo
+from analyzer.analysis.record import Analysis
 from analyzer.model.compress_spec import preset_of
 from analyzer.model.sources import STRUCTURE_OVERRIDES
 from analyzer.model.spec import MATERIALISED_MODE, BuildSpec

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyzer.convert.fold_cache import fold_record_of
 from analyzer.convert.launch import ASSET_NAME
-from analyzer.device.bench import BenchResult
-from analyzer.graph.aimodel.asset import looks_like_asset
+from analyzer.fold.fold_cache import fold_record_of
+from analyzer.ir.coreai.asset import looks_like_asset
+from analyzer.measure.bench import BenchResult
 from analyzer.model.backends import COREAI
 from analyzer.report.catalog import CANDIDATE_VARIANT, AnalysisRef
 

@@ -17,10 +17,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analyzer import fmt
+from analyzer.analysis.accounting import CATEGORIES, OP_COLUMNS
+from analyzer.analysis.record import Analysis
+from analyzer.compare.diff import ABDiff
 from analyzer.fmt import MIB
-from analyzer.graph.accounting import CATEGORIES, OP_COLUMNS
-from analyzer.graph.diff import ABDiff
-from analyzer.graph.record import Analysis
 
 COLOR_A = "#4C78A8"
 COLOR_B = "#F58518"
@@ -85,7 +85,7 @@ def label_lines(text: str) -> list[str]:
 
 def flops_frame(diff: ABDiff) -> pd.DataFrame:
     """FLOPs per token by category, A and B (per prompt token for a prefill function; conventions in
-    ``analyzer.graph.flops``), with the per-call figures beside them."""
+    ``analyzer.analysis.flops``), with the per-call figures beside them."""
     calls = diff.flops_per_call
     return pd.DataFrame([{"category": key, "a_flops": c.a, "b_flops": c.b, "delta_flops": c.delta,
                           "a_flops_per_call": calls[key].a, "b_flops_per_call": calls[key].b}

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer import fmt
+from analyzer.analysis.record import Analysis
 from analyzer.fmt import MB, MIB, to_csv
-from analyzer.graph.record import Analysis
 
 
 def frame_csv(frame: pd.DataFrame) -> str:

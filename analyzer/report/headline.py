@@ -10,11 +10,11 @@ from typing import Any, Literal
 import pandas as pd
 
 from analyzer import fmt
-from analyzer.convert.fold_cache import fold_record_of
+from analyzer.analysis.accounting import CATEGORIES, BytesPerToken
+from analyzer.analysis.record import Analysis
 from analyzer.convert.launch import ASSET_NAME
-from analyzer.device.bandwidth_model import predicted_tok_per_s
-from analyzer.graph.accounting import CATEGORIES, BytesPerToken
-from analyzer.graph.record import Analysis
+from analyzer.fold.fold_cache import fold_record_of
+from analyzer.predict.bandwidth_model import predicted_tok_per_s
 from analyzer.report.assumptions import assumption_notes
 
 NO_RUNTIME_NOTE = (
@@ -80,7 +80,7 @@ def equivalence_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
 
 
 def _fold_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
-    """A build and its fold (``repeat_kv+fold``, analyzer.convert.fold): the MIL interpreter's proof."""
+    """A build and its fold (``repeat_kv+fold``, analyzer.fold.cache): the MIL interpreter's proof."""
     for orig, folded in ((a, b), (b, a)):
         if orig.build is None or folded.build is None or folded.build.extra.get("folded_from") != orig.build.key:
             continue
@@ -96,7 +96,7 @@ def _fold_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
 
 def package_fold_summary(package_a, package_b) -> EquivalenceSummary | None:
     """A package or Core AI asset (or the build folder holding one) and its cached fold
-    (``analyzer.convert.fold.fold_cached``, e.g. the Builds page's "Fold it"): the proof from the fold's record (the
+    (``analyzer.fold.cache.fold_cached``, e.g. the Builds page's "Fold it"): the proof from the fold's record (the
     MIL interpreter's, or the Core AI runtime's); None for any other pair."""
     for orig, folded, names in ((package_a, package_b, ("original", "folded")),
                                 (package_b, package_a, ("folded", "original"))):

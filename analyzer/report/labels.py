@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from analyzer.analysis.record import ANALYSIS_FILE, read_analysis_file
 from analyzer.convert.compress import PRESETS
 from analyzer.errors import QfoldError
-from analyzer.graph.record import ANALYSIS_FILE, read_analysis_file
 from analyzer.report.catalog import DEFAULT_KV_MODE, AnalysisRef, RefFacts, build_refs_of, variant_names
 
 _DELIMITED = r"(?:^|(?<=[-_.\s/:,;()\[\]]))({names})(?=$|[-_.\s/:,;()\[\]])"

@@ -18,7 +18,7 @@ _PHRASES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\(use --map\)"), "(map it on the Device logs page)"),
     (re.compile(r", e\.g\. --set \S+"), ""),
     (re.compile(r"(?<![\w-])--model\s+"), ""),
-    (re.compile(r"given \(--shape\)"), "given"),  # an assumed shape's how (analyzer.graph.shapes)
+    (re.compile(r"given \(--shape\)"), "given"),  # an assumed shape's how (analyzer.analysis.shapes)
 )
 _FLAG_NAMES: dict[str, str] = {
     "set": "setting",

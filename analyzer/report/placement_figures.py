@@ -1,7 +1,7 @@
 """Where the ops ran, as tables and one chart: pure functions (frames of ints, a plotly figure), no streamlit.
 
 The A/B page's Placement tab shows :func:`device_frame` (A vs B per device) drawn by :func:`device_figure`, the
-warnings of :func:`~analyzer.device.placement.compare_placement`, and per side :func:`off_ane_frame`,
+warnings of :func:`~analyzer.measure.placement.compare_placement`, and per side :func:`off_ane_frame`,
 :func:`unmatched_frame` and :func:`share_frame`; the Graph tab badges ops with :func:`op_devices`.
 """
 
@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analyzer import fmt
-from analyzer.device.placement import DEVICES, PlacementJoin
 from analyzer.fmt import MIB
+from analyzer.measure.placement import DEVICES, PlacementJoin
 from analyzer.report.figures import COLOR_A, COLOR_B, style
 
 DEVICE_NAMES = {"ANE": "Neural Engine", "GPU": "GPU", "CPU": "CPU"}

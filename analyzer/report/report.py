@@ -26,9 +26,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer.device.bandwidth_model import WRITEUP_AB_IPHONE
-from analyzer.graph.diff import diff_analyses
-from analyzer.graph.record import Analysis
+from analyzer.analysis.record import Analysis
+from analyzer.compare.diff import diff_analyses
+from analyzer.predict.bandwidth_model import WRITEUP_AB_IPHONE
 from analyzer.report import figures, graphview
 from analyzer.report.bandwidth_figures import (
     BandwidthCurve,

@@ -1,5 +1,5 @@
 """Decode and prefill side by side, and the roofline chart: pure functions of analyses and their
-:class:`~analyzer.device.roofline.CallPrediction` s, each ``*_figure`` drawing the frame of its ``*_frame``."""
+:class:`~analyzer.predict.roofline.CallPrediction` s, each ``*_figure`` drawing the frame of its ``*_frame``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from analyzer import fmt
-from analyzer.device.roofline import CallPrediction, PrefillRun, Roof, TimeToFirstToken, predict
-from analyzer.graph.record import Analysis
+from analyzer.analysis.record import Analysis
+from analyzer.predict.roofline import CallPrediction, PrefillRun, Roof, TimeToFirstToken, predict
 from analyzer.report.figures import COLOR_A, COLOR_B, DEVICE_COLORS, style
 
 PHASE_COLUMNS = ("side", "label", "phase", "tokens_per_call", "kv_replication_tiles", "tile_output_bytes",

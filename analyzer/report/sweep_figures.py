@@ -4,7 +4,7 @@ As in ``analyzer.report.figures``, each chart draws exactly the frame that is sh
 ``sweep_frame`` holds one row per finished point (bytes stay ints), ``measured_frame`` one row per measured
 condition (runs averaged as seconds per token). Both charts have log axes and name their units; one line per
 (model, variant, compression), measured points as markers. A point derived from converted points (status
-``derived``, ``analyzer.device.sweep_derive``) is an open marker whose hover names the ctx it came from; the
+``derived``, ``analyzer.sweep.derive``) is an open marker whose hover names the ctx it came from; the
 ``provenance`` column says the same in the table.
 """
 
@@ -18,10 +18,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from analyzer import fmt
-from analyzer.device.sweep_table import FINISHED
-from analyzer.device.timing_report import observations_from
 from analyzer.fmt import MB
 from analyzer.report.figures import DEVICE_COLORS, style
+from analyzer.sweep.table import FINISHED
+from analyzer.sweep.timing_report import observations_from
 
 SWEEP_COLUMNS: tuple[str, ...] = ("line", "model", "variant", "compression", "ctx", "phase", "status", "provenance",
                                   "tile_count", "bytes_total", "bytes_kv_read", "bytes_replication", "bytes_weights",

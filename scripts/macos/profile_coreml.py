@@ -9,7 +9,7 @@ Run it from a qfold checkout on macOS 15+ with qfold's requirements installed. I
   compute_units, os_version, date, notes): N decode steps through ``MLModel.predict`` with the package's KV
   state, the first one a warm-up left out of the rate; the inputs are those of ``python -m analyzer run --steps``
   (seeded token ids, positions and causal masks; ``--input-spec`` for a package qfold did not build);
-* ``<name>.<units>.plan.json``: qfold's compute-plan JSON (``analyzer/device/placement/plan_json.py``) from
+* ``<name>.<units>.plan.json``: qfold's compute-plan JSON (``analyzer/measure/placement/plan_json.py``) from
   ``MLComputePlan``: per function and op, the output names, type, preferred and supported devices and cost weight.
 
 Give both to qfold (``fit LOG``, ``placement PLAN ANALYSIS``, the Device logs page, ``diff --plan``).
@@ -37,13 +37,13 @@ sys.path.insert(0, str(HERE.parents[1]))  # qfold's checkout, whatever the cwd
 
 import numpy as np  # noqa: E402
 
-from analyzer.device.logs import KNOWN_COLUMNS  # noqa: E402
-from analyzer.device.placement.plan_json import DEVICE_CLASSES, plan_document  # noqa: E402
+from analyzer.engines.interpret.executor import RunResult  # noqa: E402
+from analyzer.engines.interpret.roles import decode_steps, infer_roles, load_roles  # noqa: E402
 from analyzer.fmt import to_csv  # noqa: E402
 from analyzer.fsio import write_json_atomic  # noqa: E402
-from analyzer.graph.interpret.executor import RunResult  # noqa: E402
-from analyzer.graph.interpret.roles import decode_steps, infer_roles, load_roles  # noqa: E402
-from analyzer.graph.mil_reader import find_package, read_program  # noqa: E402
+from analyzer.ir.coreml.mil_reader import find_package, read_program  # noqa: E402
+from analyzer.measure.logs import KNOWN_COLUMNS  # noqa: E402
+from analyzer.measure.placement.plan_json import DEVICE_CLASSES, plan_document  # noqa: E402
 from scripts.macos.coreml_runtime import MACOS_ONLY, CoreMLRuntime, check_platform, machine  # noqa: E402
 
 COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")  # coremltools.ComputeUnit names

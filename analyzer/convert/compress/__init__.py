@@ -1,6 +1,6 @@
 """Weight compression: the spec grammar and presets (:mod:`.spec`) and their application with
 ``coremltools.optimize.coreml`` (:mod:`.apply`). What a saved graph stores is read back by
-:mod:`analyzer.graph.compression`."""
+:mod:`analyzer.analysis.compression`."""
 
 from analyzer.convert.compress.apply import (
     KMEANS1D_MIN_WEIGHTS,

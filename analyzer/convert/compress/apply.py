@@ -1,6 +1,6 @@
 """Apply a compression plan to a converted model with ``coremltools.optimize.coreml``.
 
-Which weight is which part is the naming rule of :func:`analyzer.graph.compression.weight_part`, the same rule
+Which weight is which part is the naming rule of :func:`analyzer.analysis.compression.weight_part`, the same rule
 that reads compressed weights back from the saved graph; compressed bytes are never estimated from the plan.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.analysis.compression import WEIGHT_PARAMS, weight_part
 from analyzer.convert.quick_passes import quick_passes
-from analyzer.graph.compression import WEIGHT_PARAMS, weight_part
 from analyzer.model.compress_spec import CompressionError, CompressionPlan, Scheme
 
 log = logging.getLogger(__name__)

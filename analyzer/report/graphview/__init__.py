@@ -17,7 +17,7 @@ What is drawn, per side::
     tile [1,8,4,4096,64]        ◄ a KV-replication tile: alarm red
     pow … mul (6 ops)           ◄ a chain of elementwise ops of one status, collapsed into one node
 
-Alignment: matched ops of A and B (see :mod:`analyzer.graph.structdiff`) sit on the same row; a row is the
+Alignment: matched ops of A and B (see :mod:`analyzer.compare.structdiff`) sit on the same row; a row is the
 longest path to the op in the union of the two graphs, so parallel branches share rows and an op only in
 A leaves an empty row in B at the same height. Every node has the same height, so the two pictures line
 up at the same scale. Colours: only in A orange, only in B blue, same op with other shapes yellow, KV

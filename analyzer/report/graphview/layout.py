@@ -6,10 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from analyzer.errors import QfoldError
-from analyzer.graph.accounting import ByteAccount
-from analyzer.graph.mil_reader import VIEW_OPS, MilProgram
-from analyzer.graph.structdiff import (
+from analyzer.analysis.accounting import ByteAccount
+from analyzer.compare.structdiff import (
     LayerDiff,
     Status,
     StructuralDiff,
@@ -17,6 +15,8 @@ from analyzer.graph.structdiff import (
     is_const_like,
     layer_order,
 )
+from analyzer.errors import QfoldError
+from analyzer.ir.coreml.mil_reader import VIEW_OPS, MilProgram
 from analyzer.report.figures import OUTSIDE_LAYERS
 
 GRAPHVIZ_TIMEOUT_S = 60

@@ -7,10 +7,8 @@ from dataclasses import replace
 
 import humanize
 
-from analyzer.errors import QfoldError
-from analyzer.graph.accounting import ATTRIBUTE_PARAMS, ByteAccount, account
-from analyzer.graph.mil_reader import VIEW_OPS, InputRef, MilProgram, OpRecord, TensorInfo
-from analyzer.graph.structdiff import (
+from analyzer.analysis.accounting import ATTRIBUTE_PARAMS, ByteAccount, account
+from analyzer.compare.structdiff import (
     EN_DASH,
     Status,
     StructuralDiff,
@@ -18,6 +16,8 @@ from analyzer.graph.structdiff import (
     is_const_like,
     structural_diff,
 )
+from analyzer.errors import QfoldError
+from analyzer.ir.coreml.mil_reader import VIEW_OPS, InputRef, MilProgram, OpRecord, TensorInfo
 from analyzer.report.graphview.layout import (
     LABEL_CHARS,
     EdgeKind,

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from analyzer.graph.mil_reader import MilProgram
-from analyzer.graph.structdiff import (
+from analyzer.compare.structdiff import (
     LayerDiff,
     StructuralDiff,
 )
+from analyzer.ir.coreml.mil_reader import MilProgram
 from analyzer.report.figures import OUTSIDE_LAYERS
 from analyzer.report.graphview.layout import (
     ALARM,

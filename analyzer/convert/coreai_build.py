@@ -1,0 +1,159 @@
+"""Core AI builds (``--backend coreai``) inside the conversion child (``analyzer.convert.child``).
+
+The same torch step as a Core ML build (``analyzer.model.decode.DecodeStep`` or the prefill step, the same
+variants and KV modes) goes through ``torch.export`` instead of ``torch.jit.trace``; the step's cache write takes
+an export-friendly form only while exporting (``BufferLayer.update``), so Core ML traces are unchanged. Then
+(coreai-torch 0.4.3, ../shared/probe/coreai/RESULTS.md Q2)::
+
+    ep = torch.export.export(step, example).run_decompositions(coreai_torch.get_decomp_table())
+    TorchConverter().add_exported_program(ep, input_names=..., output_names=..., state_names=...).to_coreai()
+    → save_asset(.tmp-<pid>-model.aimodel) → renamed to model.aimodel
+
+Inputs, outputs and states are named as in a Core ML build (``input_ids``, ``current_pos``, ``causal_mask``,
+``k_cache_<i>``/``v_cache_<i>``, ``logits``, ``new_k``/``new_v``): KV as state becomes Core AI state handles
+(``read_handle → slice_update → write_handle``), KV as inputs plain inputs. The saved asset is walked by
+``analyzer.ir.coreai.walk`` like any other. Two layouts differ from the Core ML build, for every variant alike:
+linear weights are stored ``[in, out]`` (``analyzer.model.linear_layout``: no transpose of a constant on every
+call), and an fp32 build keeps its KV cache in fp32 (``BuildSpec.kv_dtype``; a Core ML state must be fp16).
+
+Build modes (``--weights fp16`` or ``fp32`` either way):
+
+* ``materialised`` (a Core AI build's default: Core AI's runtime runs on Linux, so its asset is made to be run and
+  timed): seeded random or safetensors weights, ``model.aimodel`` kept;
+* ``analysis``: the model's weights are fp16 zero-stride views of one constant per tensor
+  (``analyzer.model.valuefree``, as for Core ML); coreai-torch stores each as a splat constant, so the asset is a
+  few hundred KB whatever the model, and the conversion needs a fraction of the memory
+  (bench/results/coreai_valuefree.json). The asset is walked from a temporary folder and not kept: its values
+  are not the model's.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from analyzer.convert.launch import ASSET_NAME
+from analyzer.convert.modes import _analyses, _describe, _torch_checks, make_step
+from analyzer.convert.progress import Clock, emit, peak_rss_bytes
+from analyzer.ir.coreai.walk import read_asset
+from analyzer.model.backends import TORCH_DTYPES, require_coreai
+from analyzer.model.decode import build_model, example_inputs
+from analyzer.model.linear_layout import pretranspose_linears_
+from analyzer.model.prefill import PrefillStep, example_prefill_inputs
+from analyzer.model.sources import geometry_of, load_config
+from analyzer.model.spec import ANALYSIS_MODE, BuildSpec, phases_of
+from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
+
+
+def io_names(step) -> tuple[list[str], list[str]]:
+    """(input names, output names) of a step, as its Core ML build names them (``analyzer.convert.step.ct_io``)."""
+    g = step.geometry
+    caches = [f"{kv}_cache_{i}" for i in range(g.num_layers) for kv in "kv"]
+    inputs = ["input_ids", "current_pos", "causal_mask"]
+    if step.kv_mode == "input":
+        return inputs + caches, ["logits", "new_k", "new_v"]
+    return inputs, ["logits"]
+
+
+def export_step(step):
+    """``torch.export`` of a decode or prefill step at position 0, decomposed for coreai-torch; the cache slots the
+    export's own run wrote (0 .. q_len - 1) are emptied again, as ``analyzer.convert.step.trace_step`` does."""
+    import torch
+    from coreai_torch import get_decomp_table
+
+    example = example_prefill_inputs(step) if isinstance(step, PrefillStep) else example_inputs(step)
+    with torch.no_grad():
+        ep = torch.export.export(step, example)
+        for name, buf in step.named_buffers():
+            if "_cache_" in name:
+                buf[:, :, 0:getattr(step, "q_len", 1)].zero_()
+    return ep.run_decompositions(get_decomp_table())
+
+
+def to_program(ep, step):
+    """The decomposed export as a Core AI program (``AIProgram``), with qfold's input, output and state names."""
+    from coreai_torch import TorchConverter
+
+    sig = ep.graph_signature
+    # one name per mutated buffer, in the program's input order (k_cache_0, v_cache_0, k_cache_1, ...)
+    states = [s.target for s in sig.input_specs if s.kind.name == "BUFFER" and s.target in
+              sig.buffers_to_mutate.values()]
+    inputs, outputs = io_names(step)
+    return TorchConverter().add_exported_program(ep, input_names=inputs, output_names=outputs,
+                                                 state_names=states).to_coreai()
+
+
+def save_asset(program, target: Path) -> None:
+    """Save under a temporary ``.aimodel`` name beside ``target`` and rename it into place (``save_asset`` wants
+    the suffix)."""
+    tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
+    try:
+        program.save_asset(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, total: int):
+    """Core AI builds of one source, weight dtype and build mode: per build, export → convert → save → walk.
+
+    Memory (bench/results/coreai.json, full-size fp16): the torch model (2.6 GB), the converted program's own copy
+    of the weights (2.5 GB) and ``save_asset``'s read of the whole saved bytecode to hash it (2.6 GB) peaked at
+    8.6 GB when the model lived through the save. A materialised model therefore goes once its program exists and
+    is built again (seeded: the same weights) for the group's next build; a value-free model holds no values and
+    is shared."""
+    import torch
+
+    require_coreai()
+    import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
+
+    src, weights = group[0].source, group[0].weights
+    value_free = group[0].build_mode == ANALYSIS_MODE
+    geometry = geometry_of(load_config(src))
+    shared = Clock()
+    model = None
+    if value_free:  # fp16 views of one constant per tensor, assigned before export (the export keeps them)
+        emit(0.02, "model", _describe(src, geometry, "value-free weights: shapes and dtypes, no values"))
+        model = shared("build_model_s", build_value_free_model, src)
+        shared("weights_s", assign_value_free_weights_, model)
+        pretranspose_linears_(model, materialise=False)
+    else:
+        kind = "safetensors weights" if src.has_real_weights else f"seeded random weights, seed {src.seed}"
+        emit(0.02, "model", _describe(src, geometry, f"{kind}, {weights}"))
+    together = [s.key for s in group]
+    for i, spec in enumerate(group):
+        clock = Clock()
+        if model is None:
+            model = clock("build_model_s", build_model, src, getattr(torch, TORCH_DTYPES[weights]))
+            clock("pretranspose_s", pretranspose_linears_, model)  # analyzer.model.linear_layout: why
+        (phase,) = phases_of(spec.phase)  # check_backend refuses decode+prefill
+        base = (done + i) / total
+        step = make_step(model, spec, phase, lazy_cache=value_free)
+        emit(base + 0.1 / total, "convert", f"exporting the {phase} step of {spec.variant} (KV as {spec.kv_mode}, "
+             f"ctx {spec.ctx}) with torch.export")
+        ep = clock("export_s", export_step, step)
+        emit(base + 0.4 / total, "convert", "converting to Core AI (coreai-torch TorchConverter)")
+        program = clock("convert_s", to_program, ep, step)
+        del ep, step
+        if not value_free:  # the program holds its own copy of the weights: the torch copy goes before the save
+            model = None
+            gc.collect()
+        asset = out_dirs[spec.key] / (f".value-free-{ASSET_NAME}" if value_free else ASSET_NAME)
+        emit(base + 0.6 / total, "save", f"saving {ASSET_NAME}" + (" (value-free: walked, then removed)"
+                                                                  if value_free else ""))
+        clock("save_s", save_asset, program, asset)
+        del program
+        gc.collect()
+        emit(base + 0.8 / total, "walk", f"walking the saved {ASSET_NAME}")
+        walked = replace(clock("walk_s", read_asset, asset), path=ASSET_NAME)
+        if value_free:
+            shutil.rmtree(asset)
+        checks = clock("equivalence_wait_s", _torch_checks, spec, equivalences, [phase])
+        timings = {**shared.timings, **clock.timings}
+        yield spec, _analyses(spec, geometry, [walked], timings, equivalences, checks, False, together,
+                              None if value_free else asset, peak_rss_bytes())

@@ -1,0 +1,2 @@
+"""Core AI assets run on Apple's Core AI runtime (coreai-core; on Linux CPU only, single-threaded), always in a
+child process: ``runtime``."""

@@ -1,0 +1,193 @@
+"""``fold IN.aimodel OUT.aimodel``: remove KV replication from any Core AI asset, proven on Apple's runtime.
+
+The same report as a package fold (``analyzer.fold.coreml.package``): one decision per replication op
+(``coreai.broadcast_in_dims`` / ``coreai.tile``, those inside an SDPA composite's fallback body included and
+marked with the composite's call count), bytes per decode token by category before and after (the walker's
+byte account), a check that every weight constant kept its type and bytes, and the proof: both assets run on
+the Core AI runtime for N stateful decode steps on the same seeded inputs, max |Δ| of every output and final
+state. The rewrite itself (:mod:`analyzer.fold.coreai.rewrite`) runs in a child process, as the runtime does
+(:mod:`analyzer.engines.coreai.runtime`); IN is only read. The result is written beside OUT and renamed into
+place; nothing is kept when a check fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analyzer.analysis.accounting import account
+from analyzer.engines.coreai.runtime import CoreAIRuntime
+from analyzer.engines.interpret import InputRoles, decode_steps, infer_roles, load_roles, max_abs_diff
+from analyzer.errors import FoldError, QfoldError
+from analyzer.fold.fold_records import FunctionBytes, TileDecision, WeightCheck
+from analyzer.fold.proof import DEFAULT_STEPS, FoldProof
+from analyzer.fsio import replace_dir
+from analyzer.ir.coreai.asset import ASSET_SUFFIX, check_asset
+from analyzer.ir.coreai.walk import read_asset
+from analyzer.ir.mil_records import MilProgram
+
+PASS_NAME = "qfold::fold_coreai_replication"
+PASS_VERSION = 1
+ENGINE = "the Core AI runtime"
+_FLOAT_TYPES = ("xf16>", "xf32>", "xbf16>", "<f16>", "<f32>", "<bf16>")
+
+
+@dataclass(frozen=True, slots=True)
+class AimodelFoldReport:
+    source: str
+    output: str
+    decisions: tuple[TileDecision, ...]
+    functions: tuple[FunctionBytes, ...]
+    weights: WeightCheck | None  # None when nothing was folded (the output is a byte copy)
+    proof: FoldProof
+    composite_calls: dict[str, int] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tiles_folded(self) -> int:
+        return sum(d.folded for d in self.decisions)
+
+    @property
+    def changed(self) -> bool:
+        return self.tiles_folded > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The fold CLI's document, with the keys of a package fold's (``analyzer.fold.cache.report_json``)."""
+        proof = self.proof
+        return {
+            "input": self.source, "output": self.output, "backend": "coreai", "source": self.source,
+            "pass": PASS_NAME, "pass_version": PASS_VERSION, "changed": self.changed,
+            "tiles_found": len(self.decisions), "tiles_folded": self.tiles_folded,
+            "tiles_left": len(self.decisions) - self.tiles_folded, "tiles": [asdict(d) for d in self.decisions],
+            "functions": [asdict(f) for f in self.functions],
+            "weights": None if self.weights is None else {**asdict(self.weights), "ok": self.weights.ok},
+            "composite_calls": self.composite_calls, "timings_s": self.timings_s,
+            "proof": {**asdict(proof), "bit_identical": proof.bit_identical,
+                      "within_tolerance": proof.within_tolerance, "headline": proof.headline()},
+        }
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def compare_constants(before: dict[str, int], after: dict[str, int]) -> WeightCheck:
+    """Weight constants (float-typed ``coreai.constant``, keyed by graph, type and content digest) must all be
+    in the folded program; integer shape/permutation constants may go (the copies' shapes) or come (the fold's)."""
+    weights = Counter({k: n for k, n in before.items() if any(t in k.split("|")[1] for t in _FLOAT_TYPES)})
+    kept = Counter({k: min(n, after.get(k, 0)) for k, n in weights.items()})
+    changed = tuple(sorted(f"{k.split('|')[0]}: {k.split('|')[1]}" for k, n in weights.items() if kept[k] < n))
+    removed = tuple(sorted(f"{k.split('|')[0]}: {k.split('|')[1]}" for k, n in before.items()
+                           if k not in weights and after.get(k, 0) < n))
+    return WeightCheck(sum(weights.values()), sum(kept.values()), removed, changed)
+
+
+def prove_on_runtime(original: Path, folded: Path, steps: int = DEFAULT_STEPS, seed: int = 0,
+                     roles: InputRoles | None = None, how: str = "inferred (qfold build)") -> FoldProof:
+    """Both assets for ``steps`` stateful decode steps on the Core AI runtime, the same seeded inputs."""
+    t0 = time.monotonic()
+    try:
+        with CoreAIRuntime() as rt:
+            a, b = rt.load(original), rt.load(folded)
+            roles = roles or infer_roles(a)
+            if roles is None:
+                names = ", ".join(t.name for t in a.inputs)
+                return FoldProof(False, reason=f"cannot tell which inputs are token ids, positions and masks "
+                                               f"({names}); give an input spec", engine=ENGINE)
+            ra, rb = decode_steps(a, steps, roles, seed=seed), decode_steps(b, steps, roles, seed=seed)
+    except QfoldError as e:
+        return FoldProof(False, reason=str(e), engine=ENGINE)
+    scale: dict[str, float] = {}
+    for values in (*ra.outputs, ra.states):
+        for name, v in values.items():
+            scale[name] = max(scale.get(name, 0.0), float(np.max(np.abs(v.astype(np.float32)), initial=0.0)))
+    return FoldProof(True, steps=steps, seed=seed, roles=how, max_abs_diff=max_abs_diff(ra, rb), max_abs_value=scale,
+                     random_inputs=tuple(ra.random_inputs), seconds=round(time.monotonic() - t0, 3), engine=ENGINE)
+
+
+def function_bytes(before: Path, after: Path) -> tuple[FunctionBytes, ...]:
+    """Bytes per decode token by category of both assets (the walker's byte account), and their KV copies."""
+    a, b = read_asset(before), read_asset(after)
+    return (FunctionBytes(a.function, account(a).totals(), account(b).totals(), kv_copies(a), kv_copies(b)),)
+
+
+def kv_copies(program: MilProgram) -> int:
+    """Replication ops the walker classifies as KV replication (composite bodies: once per call)."""
+    return sum(op.tile_kind == "kv_replication" for op in program.ops)
+
+
+# ------------------------------------------------------------------------------------------------ folding
+def _rewrite(src: Path, tmp: Path) -> dict:
+    """Run :mod:`analyzer.fold.coreai.rewrite` in a child; its crash or error is one line."""
+    with tempfile.TemporaryDirectory(prefix="qfold-fold-") as d:
+        report = Path(d) / "report.json"
+        root = str(Path(__file__).resolve().parents[3])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        proc = subprocess.run([sys.executable, "-m", "analyzer.fold.coreai.rewrite", str(src), str(tmp),
+                               str(report)], capture_output=True, text=True, env=env)
+        if proc.returncode != 0 or not report.is_file():
+            lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+            how = (f"crashed ({signal.Signals(-proc.returncode).name})" if proc.returncode < 0
+                   else f"failed (exit {proc.returncode})")
+            raise FoldError(f"{src}: the Core AI rewrite {how}" + (f": {lines[-1][:200]}" if lines else ""))
+        return json.loads(report.read_text())
+
+
+def fold_asset(src: str | Path, dst: str | Path, steps: int = DEFAULT_STEPS, seed: int = 0,
+               roles_path: str | Path | None = None, prove: bool = True) -> AimodelFoldReport:
+    """Fold every KV-replicating op of ``src`` into ``dst`` (replaced if it exists) and prove it on the runtime.
+    When nothing is folded, ``dst`` is a byte copy of ``src``."""
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal t0
+        timings[name] = round(time.monotonic() - t0, 3)
+        t0 = time.monotonic()
+
+    src = check_asset(src)
+    dst = Path(dst)
+    if dst.suffix != ASSET_SUFFIX:
+        raise FoldError(f"{dst}: the output must end in {ASSET_SUFFIX}")
+    if dst.resolve() == src.resolve():
+        raise FoldError(f"{dst}: the output would overwrite the input asset")
+    roles = load_roles(roles_path) if roles_path is not None else None
+    how = f"input spec {Path(roles_path).name}" if roles_path is not None else "inferred (qfold build)"
+    tmp = dst.with_name(f".tmp-{os.getpid()}-{dst.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        doc = _rewrite(src, tmp)
+        lap("rewrite_s")
+        decisions = tuple(TileDecision(**{**d, "input_shape": tuple(d["input_shape"]),
+                                          "output_shape": tuple(d["output_shape"])}) for d in doc["decisions"])
+        weights = None
+        if any(d.folded for d in decisions):
+            check_asset(tmp)
+            weights = compare_constants(doc["constants_before"], doc["constants_after"])
+            if not weights.ok:
+                raise FoldError(f"{src}: folding changed weight constant {weights.changed[0]!r}; "
+                                "the output was not kept")
+            proof = (prove_on_runtime(src, tmp, steps, seed, roles, how) if prove
+                     else FoldProof(False, reason="not requested (--no-proof)", engine=ENGINE))
+            lap("proof_s")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp)
+            proof = FoldProof(False, reason="nothing was folded: the output is a byte copy of the input",
+                              engine=ENGINE)
+        functions = function_bytes(src, tmp)
+        lap("walk_s")
+        replace_dir(tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return AimodelFoldReport(str(src), str(dst), decisions, functions, weights, proof,
+                             doc.get("composite_calls", {}), timings)

@@ -1,0 +1,390 @@
+"""The Core AI fold as an MLIR rewrite, run in a child process (``python -m analyzer.fold.coreai.rewrite IN
+OUT REPORT.json``): the MLIR bindings are native code, so the parent (``analyzer.fold.coreai.asset_fold``) never loads
+a program itself. ``python -m analyzer.fold.coreai.rewrite --op-ids ASSET OUT.json`` (for ``bench``'s join of
+profiler events to op records) writes the ``coreai`` op id of every op in the walker's record order.
+
+Pattern (what coreai-torch emits for transformers' ``repeat_kv`` and inside the fallback body of an SDPA
+``enable_gqa`` composite; probe/coreai/RESULTS.md, Q3/Q8)::
+
+    %k  = cast(read_handle(%k_cache))                    # [1, Hkv, S, D]   the source, as stored
+    %e  = reshape(%k)                                    # [1, Hkv, 1, S, D]
+    %b  = broadcast_in_dims(%e, [G], [2])  (or tile)     # [1, Hkv, G, S, D]  the copy
+    %kr = reshape(%b)                                    # [1, Hq, S, D]
+    %s  = broadcasting_batch_matmul(%q, transpose(%kr))  # Q·Kᵀ  [1, Hq, N, S];  P·V reads %vr untransposed
+
+Conditions the pattern cannot express: every use of the copy, through reshape / transpose, is the right operand
+of a ``broadcasting_batch_matmul``; seen at that operand (untransposed to ``[.., Hq, S, D]`` when it is Kᵀ), the
+chain evaluated on an index tensor of the source is a head replication (``fold_records.head_mapping``: the same
+test as the Core ML pass); the batch prefix is 1; the mapping is ``h // G`` or ``h % Hkv``. Rewrite::
+
+    %qf = reshape(%q)                    # [1, Hkv, G·N, D]   (h % Hkv: reshape → transpose → reshape)
+    %sf = broadcasting_batch_matmul(%qf, transpose(%k))   # [1, Hkv, G·N, S], K read as stored
+    %s  = reshape(%sf)                   # [1, Hq, N, S]      (the inverse regrouping for h % Hkv)
+
+Then the copy and its now-unused chain are erased, the module verified, Core AI's own pre-compilation clean-up
+run (dead constants go) and the asset saved. The report JSON lists one decision per replication op (composite
+bodies included, with their call count), and a digest of every constant before and after, so the parent can
+prove no weight changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from analyzer.fold.fold_records import Refusal, TileDecision, head_mapping
+from analyzer.ir.coreai.asset import check_asset
+
+REPLICATING = ("coreai.broadcast_in_dims", "coreai.tile")
+CHAIN = ("coreai.reshape", "coreai.transpose")  # ops that only move elements between the copy and the matmul
+MATMUL = "coreai.decomposable.broadcasting_batch_matmul"
+_RESOURCE = re.compile(r"dense_resource<([\w.$-]+)>")
+_CALLEE = re.compile(r"@([\w.$-]+)")
+_OP_ID = re.compile(r'"op_id": \{type = "coreai", value = (\d+)')
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def _shape(value) -> tuple[int, ...] | None:
+    from coreai._compiler.ir import RankedTensorType
+
+    try:
+        t = RankedTensorType(value.type)
+    except ValueError:
+        return None
+    shape = tuple(int(d) for d in t.shape)
+    return None if any(d < 0 for d in shape) else shape
+
+
+def _const(value) -> np.ndarray | None:
+    """The value of a small integer constant operand (a shape or a permutation), or None."""
+    from coreai._compiler.ir import DenseIntElementsAttr
+
+    owner = value.owner
+    if getattr(owner, "name", "") != "coreai.constant":
+        return None
+    try:
+        return np.array([int(x) for x in DenseIntElementsAttr(owner.attributes["value"])])
+    except (ValueError, TypeError):
+        return None
+
+
+def _op_label(op) -> str:
+    m = _OP_ID.search(str(op.location))
+    return f"{op.name.removeprefix('coreai.')}#{m.group(1) if m else '?'}"
+
+
+def _users(value) -> list:
+    return [u.owner for u in value.uses]
+
+
+def _walk_graphs(module):
+    """(graph name, is composite, op) for every op of every ``coreai.graph``, nested regions included."""
+    def visit(op, graph, composite):
+        op = op.operation if hasattr(op, "operation") else op
+        yield graph, composite, op
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    yield from visit(inner, graph, composite)
+
+    for g in module.body.operations:
+        g = g.operation if hasattr(g, "operation") else g
+        name = g.attributes["sym_name"].value if "sym_name" in g.attributes else "?"
+        composite = "composite_decl" in g.attributes
+        for region in g.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    yield from visit(op, name, composite)
+
+
+def _index_eval(a: np.ndarray, op) -> np.ndarray:
+    """What a chain op does to an index tensor (its result shape and constant operands say it all)."""
+    out = _shape(op.results[0])
+    if op.name == "coreai.transpose":
+        return a.transpose(_const(op.operands[1]))
+    if op.name == "coreai.broadcast_in_dims":
+        return np.broadcast_to(a, out)
+    if op.name == "coreai.tile":
+        return np.tile(a, tuple(o // i for o, i in zip(out, a.shape, strict=True)))
+    return a.reshape(out)  # reshape
+
+
+# ------------------------------------------------------------------------------------------------ matching
+def _uses(rep) -> list[tuple[list, object]] | str:
+    """(chain ops after the copy, matmul) for every use, or why one is not a matmul's right operand."""
+    out, stack = [], [(rep.results[0], [])]
+    while stack:
+        value, path = stack.pop()
+        for user in _users(value):
+            if user.name in CHAIN:
+                stack.append((user.results[0], [*path, user]))
+            elif user.name == MATMUL and user.operands[1] == value and user.operands[0] != value:
+                out.append((path, user))
+            else:
+                return f"feeds {user.name}, not the right operand of an attention matmul"
+    return out or "nothing reads its copy"
+
+
+def _sources(rep) -> list[tuple[object, list]]:
+    """The copy's input and, back through single-use reshape / transpose ops, deeper sources: (value, ops from
+    there to the copy)."""
+    out, value, path = [], rep.operands[0], [rep]
+    while True:
+        out.append((value, path))
+        owner = value.owner
+        if getattr(owner, "name", "") not in CHAIN or len(list(value.uses)) != 1:
+            return out
+        value, path = owner.operands[0], [owner, *path]
+
+
+def _plan(rep):
+    """(source, source shape [1, Hkv, S, D], uses [(path, matmul, kv_map, transposed)], chain text) or a Refusal."""
+    if len(_shape(rep.results[0]) or ()) < 3:
+        return Refusal("has no static head axis")
+    uses = _uses(rep)
+    if isinstance(uses, str):
+        return Refusal(uses)
+    refusal = Refusal("no source")
+    for source, back in _sources(rep)[::-1]:  # deepest first: it removes the most copies
+        shape = _shape(source)
+        if shape is None:
+            continue
+        n = int(np.prod(shape, dtype=np.int64))
+        resolved = []
+        for path, mm in uses:
+            a = np.arange(n, dtype=np.int64).reshape(shape)
+            for op in back + path:
+                a = _index_eval(a, op)
+            mapping, transposed = head_mapping(a, n), False
+            if isinstance(mapping, Refusal):  # Kᵀ: the operand is [.., Hq, D, S]
+                mapping, transposed = head_mapping(np.swapaxes(a, -1, -2), n), True
+            if isinstance(mapping, Refusal):
+                refusal = mapping
+                break
+            resolved.append((path, mm, mapping, transposed, a.shape))
+        else:
+            kv_maps = {m[1] for _, _, m, _, _ in resolved}
+            if len(kv_maps) != 1:
+                return Refusal("its uses read different head mappings")
+            hkv = resolved[0][2][0]
+            *prefix, _, x, y = resolved[0][4]
+            s, d = (y, x) if resolved[0][3] else (x, y)
+            if int(np.prod(prefix, dtype=np.int64)) != 1:
+                return Refusal(f"reads a batch of {int(np.prod(prefix))} (only batch 1 is folded)")
+            chain = " → ".join(op.name.removeprefix("coreai.") for op in back + resolved[0][0])
+            return source, (1, hkv, s, d), resolved, chain
+    return refusal
+
+
+def _mapping_kind(kv_map: tuple[int, ...], hkv: int) -> str:
+    hq, g = len(kv_map), len(kv_map) // hkv
+    if kv_map == tuple(h // g for h in range(hq)):
+        return "h // G"
+    if kv_map == tuple(h % hkv for h in range(hq)):
+        return "h % Hkv"
+    return "permutation"
+
+
+# ------------------------------------------------------------------------------------------------ rewriting
+def _regroup(ops, value, shape: tuple[int, ...], hkv: int, g: int, kind: str, to_folded: bool):
+    """``[1, Hq, R, X] ↔ [1, Hkv, G·R, X]``: a reshape for h // G; for h % Hkv the heads of a ``[G, Hkv]`` grid
+    are swapped to ``[Hkv, G]`` (or back) by a transpose, each head's rows kept whole."""
+    *_, r, x = shape
+    if to_folded:
+        if kind == "h % Hkv":
+            value = ops.reshape(value, np.array([1, g, hkv, r * x], dtype=np.int32))
+            value = ops.transpose(value, np.array([0, 2, 1, 3], dtype=np.uint32))
+        return ops.reshape(value, np.array([1, hkv, g * r, x], dtype=np.int32))
+    if kind == "h % Hkv":
+        value = ops.reshape(value, np.array([1, hkv, g, r * x], dtype=np.int32))
+        value = ops.transpose(value, np.array([0, 2, 1, 3], dtype=np.uint32))
+    return ops.reshape(value, np.array(list(shape), dtype=np.int32))
+
+
+def _fold_one(ops, rep, plan) -> str:
+    """Rewrite every matmul reading ``rep``'s copy; returns "" or why it cannot (nothing changed then)."""
+    from coreai._compiler.ir import InsertionPoint
+
+    source, (_, hkv, _, _), uses, _ = plan
+    kv_map = uses[0][2][1]
+    kind = _mapping_kind(kv_map, hkv)
+    if kind == "permutation":
+        return "its head mapping is neither h // G nor h % Hkv"
+    g = len(kv_map) // hkv
+    for _, mm, _, _, _ in uses:
+        lhs = _shape(mm.operands[0])
+        if lhs is None or len(lhs) < 3 or lhs[-3] != len(kv_map) or int(np.prod(lhs[:-3], dtype=np.int64)) != 1:
+            return f"matmul {_op_label(mm)}: its query side {list(lhs or ())} is not [1, Hq, N, X]"
+    dead = _unique([op for path, *_ in uses for op in path[::-1]] + [rep] + _sources(rep)[-1][1][:-1][::-1])
+    for _, mm, _, transposed, _ in uses:
+        lhs, out = _shape(mm.operands[0]), _shape(mm.results[0])
+        with InsertionPoint(mm):
+            src = ops.reshape(source, np.array([1, hkv, *_shape(source)[-2:]], dtype=np.int32)) \
+                if len(_shape(source)) != 4 else source
+            if transposed:
+                src = ops.transpose(src, np.array([0, 1, 3, 2], dtype=np.uint32))
+            q = _regroup(ops, mm.operands[0], (1, lhs[-3], lhs[-2], lhs[-1]), hkv, g, kind, True)
+            prod = ops.broadcasting_batch_matmul(q, src)
+            back = _regroup(ops, prod, (1, out[-3], out[-2], out[-1]), hkv, g, kind, False)
+            if tuple(out) != (1, out[-3], out[-2], out[-1]):
+                back = ops.reshape(back, np.array(list(out), dtype=np.int32))
+        mm.results[0].replace_all_uses_with(back)
+        mm.erase()
+    for op in dead:  # users first, so each one's results are unread by the time it is reached
+        if all(not list(r.uses) for r in op.results):
+            op.erase()
+    return ""
+
+
+def _unique(ops_) -> list:
+    """Each op once (a chain op two uses share appears twice), compared while every handle is still valid."""
+    out: list = []
+    for op in ops_:
+        if not any(op == o for o in out):
+            out.append(op)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ weights
+class _ResourceHasher:
+    """A file-like sink for the module's text form: SHA-256 of each ``dialect_resources`` blob, streamed (a
+    full-size program prints gigabytes of hex; nothing is held)."""
+
+    def __init__(self) -> None:
+        self.digests: dict[str, str] = {}
+        self._in_resources, self._name, self._hash, self._tail = False, None, None, ""
+
+    def write(self, chunk) -> None:
+        text = self._tail + (chunk.decode() if isinstance(chunk, bytes) else chunk)
+        self._tail = ""
+        if not self._in_resources:
+            i = text.find("dialect_resources")
+            if i < 0:
+                self._tail = text[-32:]
+                return
+            self._in_resources, text = True, text[i:]
+        while text:
+            if self._hash is None:
+                m = re.search(r'([\w.$-]+): "0x', text)
+                if m is None:
+                    self._tail = text[-200:]
+                    return
+                self._name, self._hash, text = m.group(1), hashlib.sha256(), text[m.end():]
+            j = text.find('"')
+            if j < 0:
+                self._hash.update(text.encode())
+                return
+            self._hash.update(text[:j].encode())
+            self.digests[self._name] = self._hash.hexdigest()
+            self._name, self._hash, text = None, None, text[j + 1:]
+
+
+def constant_digests(module) -> Counter:
+    """A multiset of (graph, type, content digest) over every ``coreai.constant``: blobs by their bytes, inline
+    values by their text."""
+    sink = _ResourceHasher()
+    module.operation.print(file=sink, binary=False)
+    out: Counter = Counter()
+    for graph, _, op in _walk_graphs(module):
+        if op.name != "coreai.constant":
+            continue
+        attr = str(op.attributes["value"])
+        m = _RESOURCE.search(attr)
+        content = sink.digests.get(m.group(1), m.group(1)) if m else hashlib.sha256(attr.encode()).hexdigest()
+        out[f"{graph}|{op.results[0].type}|{content}"] += 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ op ids
+TERMINATORS = ("coreai.output", "coreai.yield")
+
+
+def op_id_sequence(module) -> list[tuple[str, int | None]]:
+    """(op name, ``coreai`` op id from its debug location) per op in the order the walker
+    (``analyzer.ir.coreai.walk``) makes records: ``main``'s ops, terminators left out, each ``coreai.invoke``
+    followed by its callee's ops once per call."""
+    graphs = {}
+    for g in module.body.operations:
+        g = g.operation if hasattr(g, "operation") else g
+        if g.name == "coreai.graph":
+            graphs[g.attributes["sym_name"].value] = g.regions[0].blocks[0]
+    out: list[tuple[str, int | None]] = []
+
+    def emit(block, depth: int) -> None:
+        for op in block.operations:
+            op = op.operation if hasattr(op, "operation") else op
+            if op.name in TERMINATORS:
+                continue
+            m = _OP_ID.search(str(op.location))
+            out.append((op.name, int(m.group(1)) if m else None))
+            if op.name == "coreai.invoke" and depth < 8:
+                callee = _CALLEE.search(str(op.attributes["callee"])) if "callee" in op.attributes else None
+                if callee and callee.group(1) in graphs:
+                    emit(graphs[callee.group(1)], depth + 1)
+
+    if "main" in graphs:
+        emit(graphs["main"], 0)
+    return out
+
+
+def dump_op_ids(asset: Path) -> list:
+    import coreai.authoring  # noqa: F401  (before coreai._compiler: the other order is a circular import)
+    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import load_module_from_bytecode
+    from coreai.authoring.context import Context
+
+    module = load_module_from_bytecode(context=Context()._mlir_context, path=asset / "main.mlirb")
+    return op_id_sequence(module)
+
+
+# ------------------------------------------------------------------------------------------------ the child
+def rewrite_asset(src: Path, dst: Path) -> dict:
+    """Fold ``src`` into ``dst`` (a new asset); returns the report (decisions, constant digests, op histograms)."""
+    import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
+    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import run_pre_compilation_rewrite
+    from coreai._compiler.dialects import coreai as ops
+    from coreai._compiler.ir import Location
+    from coreai.authoring import AIModelAsset
+
+    program = AIModelAsset.load(src).program
+    module = program._module._mlir_module
+    before = constant_digests(module)
+    calls = Counter(m.group(1) for _, _, op in _walk_graphs(module) if op.name == "coreai.invoke"
+                    for m in [_CALLEE.search(str(op.attributes["callee"]) if "callee" in op.attributes else "")] if m)
+    reps = [(g, c, op) for g, c, op in _walk_graphs(module) if op.name in REPLICATING]
+    decisions = []
+    with module.context, Location.unknown():
+        for graph, composite, rep in reps:
+            common = dict(function=graph, name=_op_label(rep), input_shape=_shape(rep.operands[0]) or (),
+                          output_shape=_shape(rep.results[0]) or ())
+            where = f" (inside composite @{graph}, {calls.get(graph, 0)} calls)" if composite else ""
+            plan = _plan(rep)
+            if isinstance(plan, Refusal):
+                decisions.append(TileDecision(**common, folded=False, reason=f"{rep.name} {plan.reason}{where}"))
+                continue
+            kv_map, hkv = plan[2][0][2][1], plan[1][1]
+            reason = _fold_one(ops, rep, plan)
+            decisions.append(TileDecision(**common, folded=not reason, reason=reason + where if reason else "",
+                                          mapping=_mapping_kind(kv_map, hkv), chain=plan[3] + where,
+                                          kv_heads=hkv, group=len(kv_map) // hkv))
+        module.operation.verify()
+        if any(d.folded for d in decisions):
+            run_pre_compilation_rewrite(module=module)
+    after = constant_digests(module)
+    program.save_asset(dst)
+    return {"decisions": [asdict(d) for d in decisions], "constants_before": dict(before),
+            "constants_after": dict(after), "composite_calls": dict(calls)}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--op-ids":
+        Path(sys.argv[3]).write_text(json.dumps(dump_op_ids(check_asset(sys.argv[2]))))
+    else:
+        report = rewrite_asset(check_asset(sys.argv[1]), Path(sys.argv[2]))
+        Path(sys.argv[3]).write_text(json.dumps(report))

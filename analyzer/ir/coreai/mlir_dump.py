@@ -1,0 +1,158 @@
+"""Walk a Core AI asset's MLIR in a child process: ``python -m analyzer.ir.coreai.mlir_dump ASSET OUT.json``.
+
+The asset is checked first (:func:`analyzer.ir.coreai.asset.check_asset`); the MLIR bytecode is then read with
+the bindings coreai-core ships (``coreai._compiler``: ``load_module_from_bytecode``, the loader behind
+``AIModelAsset.program``), in a process of its own because native code that fails on odd input takes the process
+with it (the probe saw the runtime segfault on a folder that was no asset). The child writes plain JSON, one
+object per ``coreai.graph``, that :mod:`analyzer.ir.coreai.walk` turns into op records:
+
+``{"graphs": [{"name", "composite", "args": [[name, type]], "results": [name], "ops": [op]}]}`` with each op
+``{"op": "coreai.reshape", "operands": [value id], "results": [[value id, type]], "stack": [frame],
+"source": torch node, "callee": graph, "zero": bool}``; a type is ``[shape, dtype, kind]`` (kind ``tensor``,
+``handle`` for a state, ``token``, or ``other``); value ids are unique across the module; ``stack`` is the
+debug-info call stack outermost first (``Exaone4DecoderLayer$2``: the second instance of that module class).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from analyzer.errors import QfoldError
+from analyzer.ir.coreai.asset import PROGRAM_FILE, check_asset
+
+_TENSOR = re.compile(r"tensor<((?:\?|\d+)(?:x(?:\?|\d+))*x)?([a-z]+\d*)>")
+_CALL_STACK = re.compile(r'<"call_stack": \[([^\]]*)\]>')
+_SOURCE = re.compile(r'identifiers = \["([^"]*)"')
+_COMPOSITE = re.compile(r'composite_declaration<"(\w+)"')
+_DTYPES = {"f16": "fp16", "f32": "fp32", "f64": "fp64", "bf16": "bf16", "i1": "bool", "si8": "int8", "ui8": "uint8",
+           "i8": "int8", "si16": "int16", "ui16": "uint16", "i16": "int16", "si32": "int32", "ui32": "uint32",
+           "i32": "int32", "si64": "int64", "ui64": "uint64", "i64": "int64", "si4": "int4", "ui4": "uint4"}
+
+
+def type_json(text: str) -> list[Any]:
+    """``[shape, dtype, kind]`` of an MLIR type's text: ``tensor<1x2x256x32xf16>`` → ``[[1,2,256,32], "fp16",
+    "tensor"]``; a ``!coreai.handle<tensor<…>>`` (a state) has kind ``handle``; ``?`` dimensions are None."""
+    kind = "handle" if text.startswith("!coreai.handle") else "token" if text == "!coreai.token" else "tensor"
+    m = _TENSOR.search(text)
+    if m is None or kind == "token":
+        return [[], text, kind if kind == "token" else "other"]
+    dims = [None if d == "?" else int(d) for d in (m.group(1) or "").split("x") if d]
+    return [dims, _DTYPES.get(m.group(2), m.group(2)), kind]
+
+
+def _debug(op) -> tuple[list[str], str]:
+    loc = str(op.location)
+    stack = _CALL_STACK.search(loc)
+    frames = [f.strip().strip('"') for f in stack.group(1).split(",")] if stack else []
+    source = _SOURCE.search(loc)
+    return frames[::-1], source.group(1) if source else ""  # the asset lists the innermost frame first
+
+
+def _is_zero_splat(op) -> bool:
+    from coreai._compiler.ir import DenseElementsAttr
+
+    try:
+        attr = DenseElementsAttr(op.attributes["value"])
+    except (ValueError, TypeError, KeyError):
+        return False  # a resource blob (weights): its values are not read here
+    if not attr.is_splat:
+        return False
+    text = str(attr.get_splat_value())
+    return re.fullmatch(r"(?:-?0(?:\.0*)?(?:e[+-]?0+)?)", text.split(":")[0].strip(), re.IGNORECASE) is not None
+
+
+def _small_ints(op) -> list[int] | None:
+    """A small integer constant's values (permutations, shapes, axes: what the replication classifier reads)."""
+    from coreai._compiler.ir import DenseIntElementsAttr
+
+    try:
+        attr = DenseIntElementsAttr(op.attributes["value"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    n = len(attr) if not attr.is_splat else 1
+    return [int(attr[i]) for i in range(n)] if n <= 16 and not attr.is_splat else None
+
+
+def dump_module(module) -> dict[str, Any]:
+    """Every ``coreai.graph`` of an MLIR module as JSON-ready rows (see the module docstring)."""
+    ids: dict[Any, int] = {}
+
+    def vid(value) -> int:
+        return ids.setdefault(value, len(ids))
+
+    graphs = []
+    for top in module.body.operations:
+        g = top.operation
+        if g.name != "coreai.graph":
+            continue
+        attrs = g.attributes
+        block = g.regions[0].blocks[0]
+        arg_names = _names(attrs, "arg_attrs", len(block.arguments))
+        decl = _COMPOSITE.search(str(attrs["composite_decl"])) if "composite_decl" in attrs else None
+        ops = []
+        for inner in block.operations:
+            op = inner.operation
+            stack, source = _debug(op)
+            row: dict[str, Any] = {"op": op.name, "operands": [vid(v) for v in op.operands],
+                                   "results": [[vid(r), type_json(str(r.type))] for r in op.results],
+                                   "stack": stack, "source": source}
+            if op.name == "coreai.invoke":
+                callee = re.search(r"@([\w$.-]+)", str(op.attributes["callee"]))
+                row["callee"] = callee.group(1) if callee else str(op.attributes["callee"])
+            if op.name == "coreai.constant":
+                row["zero"] = _is_zero_splat(op)
+                row["value"] = _small_ints(op)
+            ops.append(row)
+        n_results = len(ops[-1]["operands"]) if ops and ops[-1]["op"] == "coreai.output" else 0
+        graphs.append({"name": attrs["sym_name"].value, "composite": decl.group(1) if decl else None,
+                       "args": [[vid(a), n, type_json(str(a.type))] for a, n in zip(block.arguments, arg_names,
+                                                                                    strict=True)],
+                       "results": _names(attrs, "res_attrs", n_results), "ops": ops})
+    return {"graphs": graphs}
+
+
+def _names(attrs, key: str, n: int) -> list[str]:
+    """The ``coreai.name`` of each argument or result (``arg_attrs`` / ``res_attrs``), ``""`` where there is none."""
+    if key not in attrs:
+        return [""] * n
+    out = [m.group(1) if (m := re.search(r'coreai\.name = "([^"]*)"', str(a))) else "" for a in attrs[key]]
+    return (out + [""] * n)[:n]
+
+
+def dump_asset(asset: Path) -> dict[str, Any]:
+    """Load an asset's program (checked first) and dump it."""
+    import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
+    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import load_module_from_bytecode
+    from coreai.authoring.context import Context
+
+    path = check_asset(asset)
+    module = load_module_from_bytecode(context=Context()._mlir_context, path=path / PROGRAM_FILE)
+    return dump_module(module)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m analyzer.ir.coreai.mlir_dump ASSET.aimodel OUT.json", file=sys.stderr)
+        return 2
+    try:
+        doc = dump_asset(Path(argv[0]))
+    except QfoldError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except Exception as e:  # a native loader's error: one line for the parent
+        print(f"{argv[0]}: the MLIR reader failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]})",
+              file=sys.stderr)
+        return 1
+    out = Path(argv[1])
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

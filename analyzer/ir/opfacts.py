@@ -1,0 +1,197 @@
+"""Facts the walker derives about each op from the graph around it: its decoder layer and, for a ``tile``,
+whether it replicates K/V for attention.
+
+The walker (``mil.read_program``) runs :func:`derive_op_facts` on every program it reads; loading an
+analysis stored by an older schema runs it again on the stored ops (``record.py``), so the facts always
+come from the current rules.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from itertools import permutations
+
+from analyzer.ir.layer_order import order_layers
+from analyzer.ir.mil_records import VIEW_OPS, InputRef, OpRecord, consumer_map
+from analyzer.ir.replication import (
+    ATTENTION_WEIGHT_OPS,
+    MATMUL_LHS,
+    MATMUL_RHS,
+    MAX_WEIGHT_PATH,
+    OTHER,
+    PLACEHOLDER_SIZES,
+    SDPA_KV,
+    SDPA_OTHER,
+    WEIGHT_MUL,
+    WEIGHT_PATH_OPS,
+    CopyFacts,
+    CopyRead,
+    IndexCache,
+    SourceCandidate,
+    ViewStep,
+    classify_copy,
+)
+
+# Where a name reveals a decoder layer: "model_layers_12_self_attn_...", "layers.3.", "k_cache_7", "h_4_".
+_LAYER_PATTERNS = (
+    re.compile(r"(?:^|[_.])layers?[_.](\d+)(?:[_.]|$)"),
+    re.compile(r"(?:^|[_.])(?:h|blocks?)[_.](\d+)(?:[_.]|$)"),
+    re.compile(r"(?:^|_)[kv]_cache_(\d+)$"),
+)
+# Weights of the parts outside the decoder layers: embedding, final norm, lm_head.
+_OUTSIDE_LAYERS = re.compile(r"lm_head|embed_tokens|(?:^|_)wte(?:_|$)|(?:^|_)norm_weight|final_norm|(?:^|_)ln_f(?:_|$)")
+
+# Ops a copy may pass through on its way to attention (each only moves elements: a view, a layout transpose, a
+# cast) and the ones a source may lie behind (not a cast: values).
+_CHAIN = VIEW_OPS | {"transpose", "cast"}
+_SOURCE_WALK = VIEW_OPS | {"transpose"}
+
+
+def layer_from_name(name: str) -> int | None:
+    for pat in _LAYER_PATTERNS:
+        m = pat.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def derive_op_facts(ops: list[OpRecord] | tuple[OpRecord, ...]) -> list[OpRecord]:
+    """Every op's layer (and how it was found: from names, else by attention order, ``analyzer.ir.layer_order``)
+    and every tile's kind, from the ops alone."""
+    return classify_tiles(order_layers(propagate_layers(ops)))
+
+
+def propagate_layers(ops) -> list[OpRecord]:
+    """Layer of each op: from its own name, else its constants' names, else the latest layer among the
+    ops (or program inputs/states) it reads. Constants named for a part outside the decoder layers
+    (embedding, final norm, lm_head) mark an op as outside (``None``). Ops are in topological order,
+    so one pass suffices."""
+    out: list[OpRecord] = []
+    for op in ops:
+        layer, how = layer_from_name(op.name), "name"
+        if layer is None:
+            const_names = [r.tensor.name for r in op.inputs if r.is_const]
+            const_layers = [x for x in map(layer_from_name, const_names) if x is not None]
+            if const_layers:
+                layer = max(const_layers)
+            elif any(_OUTSIDE_LAYERS.search(n) for n in const_names):
+                out.append(replace(op, layer=None, layer_from="name"))
+                continue
+        if layer is None:
+            how = "dataflow"
+            seen = []
+            for r in op.inputs:
+                if r.is_const:
+                    continue
+                if r.producer is not None:
+                    seen.append(out[r.producer].layer)
+                else:
+                    seen.append(layer_from_name(r.tensor.name))
+            seen = [x for x in seen if x is not None]
+            layer = max(seen) if seen else None
+        out.append(replace(op, layer=layer, layer_from=how if layer is not None else ""))
+    return out
+
+
+def classify_tiles(ops: list[OpRecord]) -> list[OpRecord]:
+    """A tile is ``kv_replication`` when :func:`analyzer.ir.replication.classify_copy` says it copies whole
+    K/V heads for attention (the facts read off the records by :func:`tile_facts`), else ``other``."""
+    consumers = consumer_map(ops)
+    cache = IndexCache()
+    out = []
+    for op in ops:
+        if op.kind == "tile":
+            facts = tile_facts(ops, consumers, op)
+            is_kv = isinstance(facts, CopyFacts) and classify_copy(facts, cache).is_kv
+            op = replace(op, tile_kind="kv_replication" if is_kv else "other")
+        out.append(op)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ copy facts
+def _dims(shape: tuple[int | None, ...]) -> tuple[int, ...]:
+    """A shape with symbolic dimensions (None) at a placeholder size (``replication.PLACEHOLDER_SIZES``)."""
+    return tuple(PLACEHOLDER_SIZES[0] if d is None else int(d) for d in shape)
+
+
+def _ref(op: OpRecord, param: str) -> InputRef | None:
+    return next((r for r in op.inputs if r.param == param), None)
+
+
+def _step(op: OpRecord) -> ViewStep | None:
+    """The records' op as a backend-neutral step; None when its parameters cannot be read."""
+    x, out = _ref(op, "x"), _dims(op.outputs[0].shape)
+    if op.kind == "tile":
+        reps = _ref(op, "reps")
+        if reps is not None and reps.value is not None:
+            return ViewStep("tile", out, reps=reps.value)
+        if x is None or len(x.tensor.shape) != len(out):
+            return None
+        return ViewStep("tile", out, reps=tuple(o // i for o, i in zip(out, _dims(x.tensor.shape), strict=True)))
+    if op.kind == "transpose":
+        perm = _ref(op, "perm")
+        rank = len(out)
+        if perm is not None and perm.value is not None:
+            return ViewStep("transpose", out, perm=tuple(p % rank for p in perm.value))
+        if x is None:
+            return None
+        src = _dims(x.tensor.shape)  # an older analysis without values: the perm when the shapes leave no doubt
+        perms = [p for p in permutations(range(rank)) if tuple(src[i] for i in p) == out]
+        return ViewStep("transpose", out, perm=perms[0]) if len(perms) == 1 else None
+    return ViewStep("identity" if op.kind in ("cast", "identity") else "reshape", out)
+
+
+def _read_kind(ops, consumer: OpRecord, param: str) -> str:
+    if consumer.kind == "matmul":
+        return MATMUL_RHS if param == "y" else MATMUL_LHS
+    if consumer.kind == "scaled_dot_product_attention":
+        return SDPA_KV if param in ("key", "value") else SDPA_OTHER
+    if consumer.kind == "mul":
+        other = _ref(consumer, "y" if param == "x" else "x")
+        for _ in range(MAX_WEIGHT_PATH):
+            if other is None or other.producer is None:
+                break
+            producer = ops[other.producer]
+            if producer.kind in ATTENTION_WEIGHT_OPS:
+                return WEIGHT_MUL
+            if producer.kind not in WEIGHT_PATH_OPS:
+                break
+            other = _ref(producer, "x")
+    return OTHER
+
+
+def tile_facts(ops, consumers: dict[int, list[int]], tile: OpRecord) -> CopyFacts | str:
+    """What :func:`~analyzer.ir.replication.classify_copy` needs about a tile, read off the op records:
+    its source candidates (back through views and transposes only the chain reads) and every operand it
+    reaches through views, transposes and casts; or why the facts cannot be read."""
+    x = _ref(tile, "x")
+    own = _step(tile)
+    if x is None or own is None or not tile.outputs:
+        return "its input or reps cannot be read"
+    sources = [SourceCandidate(_dims(x.tensor.shape), (own,), 0)]
+    ref, steps, depth = x, (own,), 0
+    while ref.producer is not None:
+        op = ops[ref.producer]
+        if op.kind not in _SOURCE_WALK or len(op.outputs) != 1 or len(consumers[op.index]) != 1:
+            break
+        inner, step = _ref(op, "x"), _step(op)
+        if inner is None or step is None:
+            break
+        ref, steps, depth = inner, (step, *steps), depth + 1
+        sources.append(SourceCandidate(_dims(inner.tensor.shape), steps, depth))
+    reads: list[CopyRead] = []
+    stack: list[tuple[int, tuple[ViewStep, ...]]] = [(tile.index, ())]
+    while stack:
+        index, path = stack.pop()
+        for c in consumers[index]:
+            consumer = ops[c]
+            step = _step(consumer) if consumer.kind in _CHAIN and consumer.outputs else None
+            if step is not None:
+                stack.append((c, (*path, step)))
+                continue
+            for r in consumer.inputs:
+                if r.producer == index:
+                    reads.append(CopyRead(consumer.type, consumer.name, _read_kind(ops, consumer, r.param), path,
+                                          r.param))
+    return CopyFacts(tile.name, _dims(x.tensor.shape), _dims(tile.outputs[0].shape), tuple(sources), tuple(reads))
