@@ -11,7 +11,8 @@ Then each target runs its steps once more with the runtime's profiler on. Each p
 :mod:`analyzer.ir.coreai.walk`; the order is checked op type by op type, else no join is claimed): per-op time,
 the top ops, and time by byte category (each op's time goes to the category of most of its bytes in the byte
 account; an op inside a composite body, run once per call, shares its time evenly between the calls; runtime
-events with no op, such as whole-state copies, are ``runtime``). The machine (CPU model, cores, OS, runtime version)
+events with no op, such as whole-state copies, are ``runtime``; the op ids are read in a child:
+:mod:`analyzer.ir.coreai.op_ids`). The machine (CPU model, cores, OS, runtime version)
 is the device; each target gives one qfold-schema log row (``analyzer.measure.logs``) that ``fit`` reads.
 """
 
@@ -20,13 +21,10 @@ from __future__ import annotations
 import csv
 import importlib.metadata
 import io
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,6 +38,7 @@ from analyzer.engines.coreai.runtime import CoreAIRuntime, LoadedModel, Profile,
 from analyzer.engines.interpret import decode_feeds
 from analyzer.errors import CoreAIRuntimeError
 from analyzer.fsio import read_json
+from analyzer.ir.coreai.op_ids import read_op_ids
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.ir.mil_records import MilProgram
 
@@ -186,17 +185,6 @@ def weights_dtype(program: MilProgram) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ the join
-def op_id_sequence(asset: Path) -> list[tuple[str, int | None]]:
-    """The ``coreai`` op id of every op in record order (read in a child: :mod:`analyzer.fold.coreai.rewrite`)."""
-    with tempfile.TemporaryDirectory(prefix="qfold-opids-") as d:
-        out = Path(d) / "ids.json"
-        proc = subprocess.run([sys.executable, "-m", "analyzer.fold.coreai.rewrite", "--op-ids", str(asset),
-                               str(out)], capture_output=True, text=True)
-        if proc.returncode != 0 or not out.is_file():
-            return []
-        return [(str(n), None if i is None else int(i)) for n, i in json.loads(out.read_text())]
-
-
 def join_profile(program: MilProgram, ids: list[tuple[str, int | None]], profile: Profile
                  ) -> tuple[tuple[OpTiming, ...], dict[str, float], str]:
     """Per-op time per token joined to the records, time by byte category, and what the join covered."""
@@ -275,7 +263,7 @@ def run_bench(paths: list[str | Path], labels: list[str | None] | None = None, s
     tell(1.0, "joining the profiles to the op records")
     results = []
     for t, program, m, prof in zip(targets, programs, models, profiles, strict=True):
-        ids = op_id_sequence(t.asset) if prof is not None else []
+        ids = read_op_ids(t.asset) if prof is not None else []
         ops, by_cat, join = join_profile(program, ids, prof) if prof is not None else ((), {}, "not profiled")
         ctx = next((s.shape[-2] for s in m.states if len(s.shape) == 4), None)
         results.append(TargetBench(t.label, str(t.asset), t.build_key, weights_dtype(program), ctx, steps,

@@ -1,7 +1,6 @@
 """The Core AI fold as an MLIR rewrite, run in a child process (``python -m analyzer.fold.coreai.rewrite IN
 OUT REPORT.json``): the MLIR bindings are native code, so the parent (``analyzer.fold.coreai.asset_fold``) never loads
-a program itself. ``python -m analyzer.fold.coreai.rewrite --op-ids ASSET OUT.json`` (for ``bench``'s join of
-profiler events to op records) writes the ``coreai`` op id of every op in the walker's record order.
+a program itself.
 
 Pattern (what coreai-torch emits for transformers' ``repeat_kv`` and inside the fallback body of an SDPA
 ``enable_gqa`` composite; probe/coreai/RESULTS.md, Q3/Q8)::
@@ -41,13 +40,12 @@ import numpy as np
 
 from analyzer.fold.fold_records import Refusal, TileDecision, head_mapping
 from analyzer.ir.coreai.asset import check_asset
+from analyzer.ir.coreai.op_ids import CALLEE, OP_ID
 
 REPLICATING = ("coreai.broadcast_in_dims", "coreai.tile")
 CHAIN = ("coreai.reshape", "coreai.transpose")  # ops that only move elements between the copy and the matmul
 MATMUL = "coreai.decomposable.broadcasting_batch_matmul"
 _RESOURCE = re.compile(r"dense_resource<([\w.$-]+)>")
-_CALLEE = re.compile(r"@([\w.$-]+)")
-_OP_ID = re.compile(r'"op_id": \{type = "coreai", value = (\d+)')
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -76,7 +74,7 @@ def _const(value) -> np.ndarray | None:
 
 
 def _op_label(op) -> str:
-    m = _OP_ID.search(str(op.location))
+    m = OP_ID.search(str(op.location))
     return f"{op.name.removeprefix('coreai.')}#{m.group(1) if m else '?'}"
 
 
@@ -302,47 +300,6 @@ def constant_digests(module) -> Counter:
     return out
 
 
-# ------------------------------------------------------------------------------------------------ op ids
-TERMINATORS = ("coreai.output", "coreai.yield")
-
-
-def op_id_sequence(module) -> list[tuple[str, int | None]]:
-    """(op name, ``coreai`` op id from its debug location) per op in the order the walker
-    (``analyzer.ir.coreai.walk``) makes records: ``main``'s ops, terminators left out, each ``coreai.invoke``
-    followed by its callee's ops once per call."""
-    graphs = {}
-    for g in module.body.operations:
-        g = g.operation if hasattr(g, "operation") else g
-        if g.name == "coreai.graph":
-            graphs[g.attributes["sym_name"].value] = g.regions[0].blocks[0]
-    out: list[tuple[str, int | None]] = []
-
-    def emit(block, depth: int) -> None:
-        for op in block.operations:
-            op = op.operation if hasattr(op, "operation") else op
-            if op.name in TERMINATORS:
-                continue
-            m = _OP_ID.search(str(op.location))
-            out.append((op.name, int(m.group(1)) if m else None))
-            if op.name == "coreai.invoke" and depth < 8:
-                callee = _CALLEE.search(str(op.attributes["callee"])) if "callee" in op.attributes else None
-                if callee and callee.group(1) in graphs:
-                    emit(graphs[callee.group(1)], depth + 1)
-
-    if "main" in graphs:
-        emit(graphs["main"], 0)
-    return out
-
-
-def dump_op_ids(asset: Path) -> list:
-    import coreai.authoring  # noqa: F401  (before coreai._compiler: the other order is a circular import)
-    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import load_module_from_bytecode
-    from coreai.authoring.context import Context
-
-    module = load_module_from_bytecode(context=Context()._mlir_context, path=asset / "main.mlirb")
-    return op_id_sequence(module)
-
-
 # ------------------------------------------------------------------------------------------------ the child
 def rewrite_asset(src: Path, dst: Path) -> dict:
     """Fold ``src`` into ``dst`` (a new asset); returns the report (decisions, constant digests, op histograms)."""
@@ -356,7 +313,7 @@ def rewrite_asset(src: Path, dst: Path) -> dict:
     module = program._module._mlir_module
     before = constant_digests(module)
     calls = Counter(m.group(1) for _, _, op in _walk_graphs(module) if op.name == "coreai.invoke"
-                    for m in [_CALLEE.search(str(op.attributes["callee"]) if "callee" in op.attributes else "")] if m)
+                    for m in [CALLEE.search(str(op.attributes["callee"]) if "callee" in op.attributes else "")] if m)
     reps = [(g, c, op) for g, c, op in _walk_graphs(module) if op.name in REPLICATING]
     decisions = []
     with module.context, Location.unknown():
@@ -383,8 +340,5 @@ def rewrite_asset(src: Path, dst: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--op-ids":
-        Path(sys.argv[3]).write_text(json.dumps(dump_op_ids(check_asset(sys.argv[2]))))
-    else:
-        report = rewrite_asset(check_asset(sys.argv[1]), Path(sys.argv[2]))
-        Path(sys.argv[3]).write_text(json.dumps(report))
+    report = rewrite_asset(check_asset(sys.argv[1]), Path(sys.argv[2]))
+    Path(sys.argv[3]).write_text(json.dumps(report))
