@@ -2,7 +2,7 @@
 
 import pytest
 
-from analyzer.analysis.accounting import CATEGORIES, account
+from analyzer.analysis.accounting import CATEGORIES, account, split_by_bytes
 from analyzer.convert.child import convert_step
 from analyzer.convert.launch import PACKAGE_NAME
 from analyzer.ir.coreml.mil_reader import read_program
@@ -58,6 +58,24 @@ def test_every_byte_belongs_to_exactly_one_op_and_category(accounts):
             assert sum(o.get(c) for o in a.ops) == t[c]
         assert sum(r["total"] for r in a.by_layer()) == t["total"]
         assert not a.unruled_op_types
+
+
+def test_measured_time_splits_over_an_ops_categories_by_its_bytes(accounts):
+    """The one attribution bench's profile and the placement join make (``split_by_bytes``): an op's time over its
+    categories in proportion to its bytes, not all of it to its largest; an op moving nothing: the no-bytes bucket."""
+    acct = accounts["repeat_kv", TINY_CTX]
+    linear = next(o for o in acct.ops if o.weights > 0 and o.activations > 0)  # reads a weight and an activation
+    into: dict[str, float] = {}
+    split_by_bytes(1.0, (linear,), into, "compute")
+    assert into == pytest.approx({c: linear.get(c) / linear.total for c in CATEGORIES if linear.get(c)})
+    assert len(into) > 1 and sum(into.values()) == pytest.approx(1.0)
+    split_by_bytes(2.0, (next(o for o in acct.ops if o.total == 0),), into, "compute")
+    split_by_bytes(0.5, (), into, "compute")  # an op with no account
+    assert into["compute"] == 2.5
+    whole: dict[str, float] = {}
+    split_by_bytes(7.0, acct.ops, whole, "compute")  # several ops (one op type's time): over their summed bytes
+    t = acct.totals()
+    assert whole == pytest.approx({c: 7.0 * t[c] / t["total"] for c in CATEGORIES if t[c]})
 
 
 def test_views_move_nothing(accounts):

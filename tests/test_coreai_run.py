@@ -21,7 +21,7 @@ pytest.importorskip("coreai")  # the coreai-core wheel exists for Linux x86_64 a
 
 import torch
 
-from analyzer.analysis.accounting import account
+from analyzer.analysis.accounting import CATEGORIES, account
 from analyzer.cli import main
 from analyzer.engines.coreai.runtime import FP16_TOLERANCE, FP32_TOLERANCE, CoreAIRuntime, OpTime, Profile
 from analyzer.engines.interpret import decode_steps, load_interpreter
@@ -211,6 +211,10 @@ def test_bench_logs_two_builds_that_fit_reads(assets, tmp_path, capsys):
     j = json.loads(capsys.readouterr().out)
     profiled = next(t["ops"] for t in json.loads(prof.read_text())["targets"] if t["label"] == "qf")
     assert j["matched"] == len(profiled) == j["by_device"]["CPU"]["ops"] and j["unmatched"]["plan_ops"] == []
+    # one attribution: bench's time by category is the join's split of the same profiled times by the same bytes
+    shares = {s["category"]: s["amount"] for s in j["share_by_category"]}
+    assert {c: shares[c] for c in CATEGORIES} == pytest.approx({c: cats["qf"][c] for c in CATEGORIES}, abs=1e-3)
+    assert shares["no_bytes"] == pytest.approx(cats["qf"]["compute"], abs=1e-3)
     ops = {op.name: op for op in read_asset(a["qfold_float32"]).ops}
     constants = [op for op in ops.values() if op.type == "coreai.constant"]
     missing = [ops[n] for n in j["unmatched"]["analysis_ops"]]

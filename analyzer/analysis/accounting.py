@@ -9,7 +9,8 @@ weights        constant data a compute op reads, at its stored size (for ``const
 kv_read        KV cache bytes read by attention (the whole static cache, masked slots included)
 kv_write       bytes newly written into the cache in place (``slice_update``'s update; with the
                cache as an input, the ``new_k``/``new_v`` outputs the host writes back)
-replication    a ``tile`` that copies K/V for attention: its output written, plus every read of it
+replication    a copy of K/V for attention (MIL ``tile``, Core AI ``broadcast_in_dims`` / ``tile``): its
+               output written, plus every read of it
 activations    every other non-constant tensor an op reads or writes
 =============  =================================================================================
 
@@ -33,13 +34,14 @@ from analyzer.analysis.byte_account import (
     OpBytes,
     UnsizedTensor,
     WeightCharge,
+    split_by_bytes,
 )
 from analyzer.analysis.byte_rules import ATTRIBUTE_PARAMS, COMPUTE_OPS, RULES, ByteContext, ByteRule, ComputeRule
 from analyzer.ir.mil_records import MilProgram, OpRecord
 
 __all__ = ["ATTRIBUTE_PARAMS", "CATEGORIES", "COMPUTE_OPS", "DEFAULT_WEIGHT_CHARGE", "OP_COLUMNS", "RULES",
            "WEIGHT_CHARGES", "ByteAccount", "ByteContext", "ByteRule", "BytesPerToken", "LayerBytes", "OpBytes",
-           "UnsizedTensor", "WeightCharge", "account"]
+           "UnsizedTensor", "WeightCharge", "account", "split_by_bytes"]
 
 # Rules whose ops move nothing of their own: an unsized tensor there costs nothing either.
 _FREE_RULES = frozenset({"const", "constexpr", "view", "write_state", "control_flow"})

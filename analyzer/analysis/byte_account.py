@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,6 +43,23 @@ class OpBytes:
 
     def get(self, category: str) -> int:
         return getattr(self, category)
+
+
+def split_by_bytes(amount: float, ops: Iterable[OpBytes], into: dict[str, float], no_bytes: str) -> None:
+    """Add ``amount`` (the profiled time, cost weight or cost-model time of ``ops``: one op, or every op of a type)
+    to ``into`` over the byte categories, in proportion to the bytes ``ops`` move in each; ops that move no bytes
+    of their own (views, scalars), or none at all (no account), add it to ``into[no_bytes]``. The one attribution
+    of measured cost to byte categories: bench's profile (:mod:`analyzer.measure.bench`) and the placement join
+    (:mod:`analyzer.measure.placement.placement_join`) both make it here."""
+    ops = tuple(ops)
+    by = {c: sum(op.get(c) for op in ops) for c in CATEGORIES}
+    total = sum(by.values())
+    if total <= 0:
+        into[no_bytes] = into.get(no_bytes, 0.0) + amount
+        return
+    for c, n in by.items():
+        if n > 0:
+            into[c] = into.get(c, 0.0) + amount * n / total
 
 
 @dataclass(frozen=True, slots=True)

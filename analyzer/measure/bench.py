@@ -9,11 +9,13 @@ rounds, with the slowest and fastest round as its spread.
 Then each target runs its steps once more with the runtime's profiler on. Each profiled op carries the program's
 ``coreai`` op id (``model._debug_infos``), which is joined to qfold's op records of the same asset (the walker's,
 :mod:`analyzer.ir.coreai.walk`; the order is checked op type by op type, else no join is claimed): per-op time,
-the top ops, and time by byte category (each op's time goes to the category of most of its bytes in the byte
-account; an op inside a composite body, run once per call, shares its time evenly between the calls; runtime
-events with no op, such as whole-state copies, are ``runtime``; the op ids are read in a child:
-:mod:`analyzer.ir.coreai.op_ids`). The machine (CPU model, cores, OS, runtime version)
-is the device; each target gives one qfold-schema log row (``analyzer.measure.logs``) that ``fit`` reads.
+the top ops, and time by byte category: each op's time split over the categories of its bytes in the byte
+account, in proportion (:func:`analyzer.analysis.accounting.split_by_bytes`, as the placement join splits a plan's
+cost); an op that moves no bytes of its own is ``compute``; an op inside a composite body, run once per call, shares
+its time evenly between the calls; runtime events with no op, such as whole-state copies, are ``runtime``. Each
+op's row names the category of most of its bytes. The op ids are read in a child (:mod:`analyzer.ir.coreai.op_ids`).
+The machine (CPU model, cores, OS, runtime version) is the device; each target gives one qfold-schema log row
+(``analyzer.measure.logs``) that ``fit`` reads.
 """
 
 from __future__ import annotations
@@ -32,8 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analyzer.analysis.accounting import account
-from analyzer.analysis.byte_account import CATEGORIES
+from analyzer.analysis.accounting import CATEGORIES, OpBytes, account, split_by_bytes
 from analyzer.engines.coreai.runtime import CoreAIRuntime, LoadedModel, Profile, asset_in
 from analyzer.engines.interpret import decode_feeds
 from analyzer.errors import CoreAIRuntimeError
@@ -214,15 +215,21 @@ def join_profile(program: MilProgram, ids: list[tuple[str, int | None]], profile
     rows = []
     for index, ms in time_ms.items():
         op, b = program.ops[index], acct.get(index)
-        bytes_by = {c: b.get(c) for c in CATEGORIES} if b is not None else {}
-        category = max(bytes_by, key=bytes_by.get) if bytes_by and max(bytes_by.values()) > 0 else COMPUTE_CATEGORY
-        by_cat[category] += ms
-        rows.append(OpTiming(index, op.type, op.name, op.layer, category, round(ms, 6), b.total if b else 0))
+        mine = () if b is None else (b,)
+        split_by_bytes(ms, mine, by_cat, COMPUTE_CATEGORY)
+        rows.append(OpTiming(index, op.type, op.name, op.layer, _main_category(b), round(ms, 6), b.total if b else 0))
     by_cat[RUNTIME_CATEGORY] += unjoined
     rows.sort(key=lambda r: -r.time_ms)
     joined = total_ms - unjoined
     return tuple(rows), {k: round(v, 6) for k, v in by_cat.items()}, (
         f"joined {joined:.3f} of {total_ms:.3f} profiled ms per token to {len(rows)} op records")
+
+
+def _main_category(b: OpBytes | None) -> str:
+    """The category of most of an op's bytes (its label in the per-op table), ``compute`` when it moves none."""
+    if b is None or b.total <= 0:
+        return COMPUTE_CATEGORY
+    return max(CATEGORIES, key=b.get)
 
 
 # ------------------------------------------------------------------------------------------------ running

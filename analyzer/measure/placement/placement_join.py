@@ -10,7 +10,8 @@ ops off the Neural Engine, those are counted on the Neural Engine instead, marke
 
 Per device: the ops and the logical bytes per token they move (:mod:`analyzer.analysis.accounting`), and the cost
 weight. Per byte category: the share of the cost (or of anemll-profile's cost-model time) spent in ops moving
-that category's bytes, each op's cost split over its categories by its bytes.
+that category's bytes, each op's cost split over its categories by its bytes
+(:func:`analyzer.analysis.accounting.split_by_bytes`, the attribution bench's profile makes too).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any
 
-from analyzer.analysis.accounting import CATEGORIES, OpBytes
+from analyzer.analysis.accounting import CATEGORIES, OpBytes, split_by_bytes
 from analyzer.analysis.record import Analysis
 from analyzer.errors import QfoldError
 from analyzer.ir.coreai.dialect import kind_of
@@ -42,7 +43,8 @@ kind, :func:`analyzer.ir.coreai.dialect.kind_of`, not the type); a Core AI token
 and an ``invoke`` only calls the body the walker inlines (the dialect's docstring: neither moves data).
 ``constexpr_*`` ops (decompression at load time) are compute ops here only if the plan lists them; an unlisted one
 is not reported as unmatched."""
-SHARE_BUCKETS: tuple[str, ...] = (*CATEGORIES, "no_bytes", "unmatched")
+NO_BYTES = "no_bytes"
+SHARE_BUCKETS: tuple[str, ...] = (*CATEGORIES, NO_BYTES, "unmatched")
 """``no_bytes``: cost of ops that move no bytes of their own (views); ``unmatched``: cost of plan ops (or op types)
 that match no op record."""
 
@@ -313,15 +315,6 @@ def _totals(matched: Iterable[JoinedOp], plan: PlacementPlan) -> tuple[DeviceTot
     return tuple(out)
 
 
-def _split(amount: float, b: OpBytes, into: dict[str, float]) -> None:
-    """Add ``amount`` to ``into`` by ``b``'s byte categories, in proportion to its bytes."""
-    if b.total <= 0:
-        into["no_bytes"] += amount
-        return
-    for c in CATEGORIES:
-        into[c] += amount * b.get(c) / b.total
-
-
 def _shares(matched: Sequence[JoinedOp], unmatched: Sequence[UnmatchedPlanOp], plan: PlacementPlan,
             plan_ops: Sequence[PlacedOp], analysis: Analysis) -> tuple[CategoryShare, ...]:
     into: dict[str, float] = dict.fromkeys(SHARE_BUCKETS, 0.0)
@@ -332,27 +325,23 @@ def _shares(matched: Sequence[JoinedOp], unmatched: Sequence[UnmatchedPlanOp], p
             by_type[op.op_type].append(op.bytes)
         for t in plan.op_type_times:
             rows = by_type.get(bare_op_type(t.op_type), [])
-            total = sum(b.total for b in rows)
             if not rows:
                 into["unmatched"] += t.total_time_ms
-            elif total <= 0:
-                into["no_bytes"] += t.total_time_ms
             else:
-                for c in CATEGORIES:
-                    into[c] += t.total_time_ms * sum(b.get(c) for b in rows) / total
+                split_by_bytes(t.total_time_ms, rows, into, NO_BYTES)
     elif any(p.time_ms is not None for p in plan_ops):
         basis = "profiled time, ms per token"
         times = {(p.function, p.label): p.time_ms or 0.0 for p in plan_ops}
         for op in matched:
             if op.time_ms:
-                _split(op.time_ms, op.bytes, into)
+                split_by_bytes(op.time_ms, (op.bytes,), into, NO_BYTES)
         labels = {u.label for u in unmatched}
         into["unmatched"] += sum(t for (_, label), t in times.items() if label in labels)
     elif any(op.cost_weight is not None for op in plan_ops):
         basis = "cost weight"
         for op in matched:
             if op.cost_weight:
-                _split(op.cost_weight, op.bytes, into)
+                split_by_bytes(op.cost_weight, (op.bytes,), into, NO_BYTES)
         labels = {u.label for u in unmatched}
         into["unmatched"] += sum(p.cost_weight or 0.0 for p in plan_ops if p.label in labels)
     else:
