@@ -59,7 +59,7 @@ def layer_from_name(name: str) -> int | None:
 def derive_op_facts(ops: list[OpRecord] | tuple[OpRecord, ...]) -> list[OpRecord]:
     """Every op's layer (and how it was found: from names, else by attention order, ``analyzer.ir.layer_order``)
     and every tile's kind, from the ops alone."""
-    return classify_tiles(order_layers(propagate_layers(ops)))
+    return classify_copies(order_layers(propagate_layers(ops)))
 
 
 def propagate_layers(ops) -> list[OpRecord]:
@@ -94,15 +94,16 @@ def propagate_layers(ops) -> list[OpRecord]:
     return out
 
 
-def classify_tiles(ops: list[OpRecord]) -> list[OpRecord]:
-    """A tile is ``kv_replication`` when :func:`analyzer.ir.replication.classify_copy` says it copies whole
-    K/V heads for attention (the facts read off the records by :func:`tile_facts`), else ``other``."""
+def classify_copies(ops: list[OpRecord]) -> list[OpRecord]:
+    """A copy (an op of kind ``tile``: MIL's ``tile``, Core AI's ``broadcast_in_dims`` / ``tile``) is
+    ``kv_replication`` when :func:`analyzer.ir.replication.classify_copy` says it copies whole K/V heads for
+    attention (the facts read off the records by :func:`copy_facts`), else ``other``."""
     consumers = consumer_map(ops)
     cache = IndexCache()
     out = []
     for op in ops:
         if op.kind == "tile":
-            facts = tile_facts(ops, consumers, op)
+            facts = copy_facts(ops, consumers, op)
             is_kv = isinstance(facts, CopyFacts) and classify_copy(facts, cache).is_kv
             op = replace(op, tile_kind="kv_replication" if is_kv else "other")
         out.append(op)
@@ -161,8 +162,8 @@ def _read_kind(ops, consumer: OpRecord, param: str) -> str:
     return OTHER
 
 
-def tile_facts(ops, consumers: dict[int, list[int]], tile: OpRecord) -> CopyFacts | str:
-    """What :func:`~analyzer.ir.replication.classify_copy` needs about a tile, read off the op records:
+def copy_facts(ops, consumers: dict[int, list[int]], tile: OpRecord) -> CopyFacts | str:
+    """What :func:`~analyzer.ir.replication.classify_copy` needs about a copy, read off the op records:
     its source candidates (back through views and transposes only the chain reads) and every operand it
     reaches through views, transposes and casts; or why the facts cannot be read."""
     x = _ref(tile, "x")

@@ -13,8 +13,8 @@ Pattern (what coreai-torch emits for transformers' ``repeat_kv`` and inside the 
 
 Conditions the pattern cannot express: every use of the copy, through reshape / transpose, is the right operand
 of a ``broadcasting_batch_matmul``; seen at that operand (untransposed to ``[.., Hq, S, D]`` when it is Kᵀ), the
-chain evaluated on an index tensor of the source is a head replication (``fold_records.head_mapping``: the same
-test as the Core ML pass); the batch prefix is 1; the mapping is ``h // G`` or ``h % Hkv``. Rewrite::
+chain evaluated on an index tensor of the source is a head replication (``analyzer.ir.replication.head_mapping``:
+the same test as the Core ML pass); the batch prefix is 1; the mapping is ``h // G`` or ``h % Hkv``. Rewrite::
 
     %qf = reshape(%q)                    # [1, Hkv, G·N, D]   (h % Hkv: reshape → transpose → reshape)
     %sf = broadcasting_batch_matmul(%qf, transpose(%k))   # [1, Hkv, G·N, S], K read as stored
@@ -38,9 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.fold.fold_records import Refusal, TileDecision, head_mapping
+from analyzer.fold.fold_records import Refusal, TileDecision
 from analyzer.ir.coreai.asset import check_asset
 from analyzer.ir.coreai.op_ids import CALLEE, OP_ID
+from analyzer.ir.replication import head_mapping
 
 REPLICATING = ("coreai.broadcast_in_dims", "coreai.tile")
 CHAIN = ("coreai.reshape", "coreai.transpose")  # ops that only move elements between the copy and the matmul
@@ -160,13 +161,11 @@ def _plan(rep):
             a = np.arange(n, dtype=np.int64).reshape(shape)
             for op in back + path:
                 a = _index_eval(a, op)
-            mapping, transposed = head_mapping(a, n), False
-            if isinstance(mapping, Refusal):  # Kᵀ: the operand is [.., Hq, D, S]
-                mapping, transposed = head_mapping(np.swapaxes(a, -1, -2), n), True
-            if isinstance(mapping, Refusal):
-                refusal = mapping
+            found = head_mapping(a, n)  # swapped: each head read transposed (Kᵀ: the operand is [.., Hq, D, S])
+            if isinstance(found, str):
+                refusal = Refusal(found)
                 break
-            resolved.append((path, mm, mapping, transposed, a.shape))
+            resolved.append((path, mm, (found.kv_heads, found.kv_map), found.swapped, a.shape))
         else:
             kv_maps = {m[1] for _, _, m, _, _ in resolved}
             if len(kv_maps) != 1:

@@ -15,7 +15,7 @@ child process (:mod:`analyzer.ir.coreai.mlir_dump`), and the dump becomes record
 * tensor names are the torch node the op came from plus the value number (``permute_22.%267``); a value the graph
   returns is named after the result (``logits``, ``new_k``);
 * KV replication is decided by the one classifier both backends use (``analyzer.ir.replication`` through
-  ``opfacts.classify_tiles``, which reads op kinds: a Core AI ``broadcast_in_dims`` / ``tile`` is a copy).
+  ``opfacts.classify_copies``, which reads op kinds: a Core AI ``broadcast_in_dims`` / ``tile`` is a copy).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from analyzer.fsio import read_json
 from analyzer.ir.coreai.asset import METADATA_FILE, check_asset
 from analyzer.ir.coreai.dialect import TERMINATORS, kind_of, operand_names
 from analyzer.ir.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
-from analyzer.ir.opfacts import classify_tiles, layer_from_name
+from analyzer.ir.opfacts import classify_copies, layer_from_name
 
 ENTRY = "main"
 OPSET = "coreai"  # MilProgram.opset of a walked asset (MilProgram.backend reads it)
@@ -159,7 +159,7 @@ def program_from_dump(doc: dict[str, Any], path: str, opset: str = OPSET) -> Mil
     walker = _Walker(graphs)
     walker.graph(main, env, None, None, None, out_names, 0)
     outputs = tuple(env[v].tensor for v in returned if v in env and env[v].producer is not None)
-    ops = classify_tiles(_layers(walker.ops, walker.stacks, walker.modules))  # the one classifier (replication.py)
+    ops = classify_copies(_layers(walker.ops, walker.stacks, walker.modules))  # the one classifier (replication.py)
     return MilProgram(path, ENTRY, opset, 0, tuple(inputs), tuple(states), outputs, tuple(ops))
 
 
