@@ -38,7 +38,6 @@ def stage_fold(repeat_kv: str, out: str, proof_steps: int) -> dict:
     from analyzer import quiet_coremltools
 
     quiet_coremltools()
-    from analyzer.fold.cache import report_json
     from analyzer.fold.coreml.package import fold_package
     from analyzer.fold.proof import prove_fold
 
@@ -48,7 +47,7 @@ def stage_fold(repeat_kv: str, out: str, proof_steps: int) -> dict:
     rss_fold = _peak_rss_bytes()
     t1 = time.monotonic()
     proof = prove_fold(repeat_kv, out, steps=proof_steps) if proof_steps else None
-    return {"fold_s": round(fold_s, 1), "peak_rss_fold_bytes": rss_fold, "report": report_json(report),
+    return {"fold_s": round(fold_s, 1), "peak_rss_fold_bytes": rss_fold, "report": report.to_json(),
             "proof_s": round(time.monotonic() - t1, 1),
             "proof": None if proof is None else {"headline": proof.headline(), "max_abs_diff": proof.max_abs_diff,
                                                  "max_abs_value": proof.max_abs_value, "steps": proof.steps},

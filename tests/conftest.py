@@ -28,6 +28,10 @@ from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
 
 TINY_OVERRIDES = (*STRUCTURE_OVERRIDES, "num_hidden_layers=2")
 TINY_CTX = 256
+# The fold report's keys, one document for both backends (analyzer.fold.fold_records.FoldReport.to_json); the fold
+# CLI's --json adds input, output, the proof and, for a package, its cache entry.
+FOLD_REPORT_KEYS = ("backend", "source", "pass", "pass_version", "changed", "tiles_found", "tiles_folded",
+                    "tiles_left", "tiles", "functions", "weights", "composite_calls", "timings_s")
 FULL_ENV = "QFOLD_FULL"
 
 

@@ -29,7 +29,7 @@ from analyzer.fold.coreai.asset_fold import fold_asset, kv_copies
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.measure.bench import join_profile
 from analyzer.model.decode import run_decode
-from tests.conftest import TINY_CTX, TINY_OVERRIDES
+from tests.conftest import FOLD_REPORT_KEYS, TINY_CTX, TINY_OVERRIDES
 from tests.coreai_assets import coreai_asset, coreml_fp32_package, make_step
 
 STEPS = 4
@@ -96,6 +96,7 @@ def test_fold_cli_json_and_nothing_to_fold(assets, tmp_path, capsys):
     assert main(["fold", str(a["repeat_kv_float32"]), str(tmp_path / "f.aimodel"), "--json", "--steps", "4"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["backend"] == "coreai" and doc["tiles_folded"] == 4 and doc["proof"]["bit_identical"]
+    assert set(doc) == {"input", "output", *FOLD_REPORT_KEYS, "proof"}  # a package's document, without a cache
     assert main(["fold", str(a["qfold_float32"]), str(tmp_path / "q.aimodel")]) == 0
     assert "nothing to fold" in capsys.readouterr().out
     assert _digest(tmp_path / "q.aimodel") == _digest(a["qfold_float32"])  # a byte copy

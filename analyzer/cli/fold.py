@@ -75,15 +75,8 @@ def cmd_fold(args) -> int:
                          prove=not args.no_proof, shapes=shapes)
     check_disjoint(result.path, real_out, FoldError)  # never the cache entry itself
     copy_package(result.package, real_out)
-    rec = result.record
-    doc = {"input": str(src), "output": str(out),
-           "cache": {"key": result.key, "path": str(result.path), "reused": result.reused},
-           **rec["report"], "proof": rec["proof"]}
-    if args.json:
-        print(json.dumps(doc))
-        return 0
-    _print(doc)
-    return 0
+    cache = {"key": result.key, "path": str(result.path), "reused": result.reused}
+    return _report(args, _document(src, out, result.record["report"], result.record["proof"], cache))
 
 
 def _fold_asset(args, asset: Path) -> int:
@@ -95,12 +88,23 @@ def _fold_asset(args, asset: Path) -> int:
         check_names(shapes, [{t.name for t in program.inputs}])
         check_static_shapes(shapes, program.inputs, asset)
     check_disjoint(Path(args.input), Path(args.output), FoldError)  # a build folder given as IN is an input too
-    doc = fold_asset(asset, args.output, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
-                     prove=not args.no_proof).to_json()
+    report = fold_asset(asset, args.output, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
+                        prove=not args.no_proof)
+    return _report(args, _document(asset, Path(args.output), report.to_json(), report.proof.to_json()))
+
+
+def _document(src: Path, out: Path, report: dict, proof: dict, cache: dict | None = None) -> dict:
+    """``--json``'s object, either backend: IN and OUT as given, the fold cache's entry (packages), the fold
+    report (``analyzer.fold.fold_records.FoldReport.to_json``) and its proof."""
+    return {"input": str(src), "output": str(out), **({"cache": cache} if cache is not None else {}), **report,
+            "proof": proof}
+
+
+def _report(args, doc: dict) -> int:
     if args.json:
         print(json.dumps(doc))
-        return 0
-    _print(doc)
+    else:
+        _print(doc)
     return 0
 
 

@@ -23,7 +23,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from analyzer.convert.progress import peak_rss_bytes
 from analyzer.engines.coreai.runtime import asset_in
 from analyzer.errors import FoldError, QfoldError
 from analyzer.fold.coreai import asset_fold
-from analyzer.fold.coreml.package import FoldReport, fold_package, package_digest
+from analyzer.fold.coreml.package import fold_package, package_digest
 from analyzer.fold.fold_cache import FOLD_FILE, FOLDS_DIR
 from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION
 from analyzer.fold.proof import DEFAULT_STEPS, FoldProof, folded_check, prove_fold
@@ -67,7 +67,7 @@ class FoldResult:
 
     @property
     def proof_headline(self) -> str:
-        return proof_from_json(self.record["proof"]).headline()
+        return FoldProof.from_json(self.record["proof"]).headline()
 
     def summary(self) -> str:
         """One line for the UI: tiles, bytes per token of the first function, and the proof."""
@@ -83,36 +83,6 @@ class FoldResult:
 
 def fold_key(digest: str) -> str:
     return f"{digest[:24]}-p{PASS_VERSION}"
-
-
-def report_json(report: FoldReport) -> dict[str, Any]:
-    """The CLI's and the cache's JSON: tiles found / folded / left (with reasons), bytes per token before and
-    after, the per-constant weight check and timings."""
-    return {
-        "source": report.source,
-        "pass": PASS_NAME,
-        "pass_version": report.pass_version,
-        "changed": report.changed,
-        "tiles_found": report.tiles_found,
-        "tiles_folded": report.tiles_folded,
-        "tiles_left": len(report.tiles_left),
-        "tiles": [asdict(d) for d in report.decisions],
-        "functions": [asdict(f) for f in report.functions],
-        "weights": None if report.weights is None else {**asdict(report.weights), "ok": report.weights.ok},
-        "timings_s": report.timings_s,
-    }
-
-
-def proof_json(proof: FoldProof) -> dict[str, Any]:
-    return {**asdict(proof), "bit_identical": proof.bit_identical, "within_tolerance": proof.within_tolerance,
-            "headline": proof.headline()}
-
-
-def proof_from_json(d: dict[str, Any]) -> FoldProof:
-    fields = {k: v for k, v in d.items() if k in FoldProof.__dataclass_fields__}
-    for name in ("random_inputs", "draws", "shapes"):
-        fields[name] = tuple(fields.get(name, ()))
-    return FoldProof(**fields)
 
 
 def _proof_request(steps: int, seed: int, roles_path: str | Path | None) -> dict[str, Any]:
@@ -147,8 +117,7 @@ def fold_cached(src: str | Path, root: str | Path | None = None, steps: int = DE
 
     def reuse(record: dict[str, Any], folder: Path) -> dict[str, Any]:
         if prove and record.get("proof_request") != request and record["report"]["changed"]:
-            record["proof"] = proof_json(prove_fold(pkg, folder / PACKAGE_NAME, steps, seed, roles_path,
-                                                    shapes=shapes))
+            record["proof"] = prove_fold(pkg, folder / PACKAGE_NAME, steps, seed, roles_path, shapes=shapes).to_json()
             record["proof_request"] = request
             write_json_atomic(folder / FOLD_FILE, record)
         return record
@@ -164,7 +133,7 @@ def fold_cached(src: str | Path, root: str | Path | None = None, steps: int = DE
         return {"key": key, "source_sha256": digest, "source_name": pkg.name, "source_path": str(pkg.resolve()),
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),
                 "package_sha256": package_digest(tmp / PACKAGE_NAME),
-                "report": report_json(report), "proof": proof_json(proof), "proof_request": request}
+                "report": report.to_json(), "proof": proof.to_json(), "proof_request": request}
 
     return _cache_entry(builds_dir(root) / FOLDS_DIR, key, PACKAGE_NAME, t0, reuse, make)
 
@@ -183,12 +152,11 @@ def _fold_asset_cached(asset: Path, parent: Path, steps: int, seed: int, roles_p
         return None
 
     def make(tmp: Path) -> dict[str, Any]:
-        doc = asset_fold.fold_asset(asset, tmp / ASSET_NAME, steps, seed, roles_path, prove).to_json()
-        proof = doc.pop("proof")
+        report = asset_fold.fold_asset(asset, tmp / ASSET_NAME, steps, seed, roles_path, prove)
         return {"key": key, "backend": "coreai", "source_sha256": digest, "source_name": asset.name,
                 "source_path": str(asset.resolve()), "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                "package_sha256": _digest_of(tmp / ASSET_NAME), "report": doc, "proof": proof,
-                "proof_request": request}
+                "package_sha256": _digest_of(tmp / ASSET_NAME), "report": report.to_json(),
+                "proof": report.proof.to_json(), "proof_request": request}
 
     return _cache_entry(parent, key, ASSET_NAME, t0, reuse, make)
 
@@ -377,7 +345,7 @@ def folded_analysis(original: Analysis, fold: FoldResult, key: str) -> Analysis:
         timings_s={f"fold_{stage}": float(t) for stage, t in report["timings_s"].items()},
         peak_rss_bytes=peak_rss_bytes(),
         package_bytes=sum(f.stat().st_size for f in fold.package.rglob("*") if f.is_file()),
-        checks=(*b.checks, folded_check(proof_from_json(fold.record["proof"]))),
+        checks=(*b.checks, folded_check(FoldProof.from_json(fold.record["proof"]))),
         extra={**b.extra, "folded_from": b.key,
                "fold": {"key": fold.key, "reused": fold.reused, **report, "proof": fold.record["proof"]}},
     )

@@ -2,14 +2,19 @@
 
 Whether a copy replicates KV heads is decided by :func:`analyzer.ir.replication.head_mapping` (the replication
 chain evaluated on an index tensor, never names), for the Core ML pass (``gqa_pattern``) and the Core AI rewrite
-alike; :class:`TileDecision` is one replication op's row of either report (for Core AI the op is a
+alike. :class:`FoldReport` is what either backend's fold did, and its one JSON document (the ``fold`` CLI's, the
+fold cache's and a folded build's): :class:`TileDecision` is one copy's row (a MIL ``tile``; for Core AI a
 ``coreai.broadcast_in_dims`` or ``coreai.tile``), :class:`FunctionBytes` and :class:`WeightCheck` the byte and
 weight checks beside it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from analyzer.fold.proof import FoldProof
 
 # The Core ML pass's (``gqa_fold``) name and version, here so the fold cache's keys are made without coremltools.
 # Bump when the rewrite changes what it emits: folded packages are cached under (package hash, PASS_VERSION).
@@ -62,3 +67,51 @@ class WeightCheck:
     @property
     def ok(self) -> bool:
         return not self.changed
+
+
+@dataclass(frozen=True, slots=True)
+class FoldReport:
+    """What a fold did, either backend: a package's (``analyzer.fold.coreml.package``: the MIL pass) or an asset's
+    (``analyzer.fold.coreai.asset_fold``: the MLIR rewrite). ``tiles_*`` count copies of either backend (the names
+    are the JSON document's keys)."""
+
+    backend: str  # "coreml" (a .mlpackage) or "coreai" (an .aimodel asset): analyzer.model.backends
+    source: str
+    output: str
+    pass_name: str
+    pass_version: int
+    decisions: tuple[TileDecision, ...]
+    functions: tuple[FunctionBytes, ...]
+    weights: WeightCheck | None  # None when nothing was folded (the output is a byte copy)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    composite_calls: dict[str, int] = field(default_factory=dict)  # Core AI: each composite body's calls
+    proof: FoldProof | None = None  # an asset is proven as it is folded; a package's proof is the cache's
+
+    @property
+    def tiles_found(self) -> int:
+        return len(self.decisions)
+
+    @property
+    def tiles_folded(self) -> int:
+        return sum(d.folded for d in self.decisions)
+
+    @property
+    def tiles_left(self) -> tuple[TileDecision, ...]:
+        return tuple(d for d in self.decisions if not d.folded)
+
+    @property
+    def changed(self) -> bool:
+        return self.tiles_folded > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's document, the same keys for both backends: copies found / folded / left (each with its
+        reason), bytes per token before and after, the per-constant weight check and timings. The proof is a
+        document of its own (``FoldProof.to_json``), beside it under ``proof``."""
+        return {
+            "backend": self.backend, "source": self.source, "pass": self.pass_name, "pass_version": self.pass_version,
+            "changed": self.changed, "tiles_found": self.tiles_found, "tiles_folded": self.tiles_folded,
+            "tiles_left": len(self.tiles_left), "tiles": [asdict(d) for d in self.decisions],
+            "functions": [asdict(f) for f in self.functions],
+            "weights": None if self.weights is None else {**asdict(self.weights), "ok": self.weights.ok},
+            "composite_calls": self.composite_calls, "timings_s": self.timings_s,
+        }

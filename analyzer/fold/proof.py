@@ -1,4 +1,6 @@
-"""The proof that a folded package computes what its original does: both run in the MIL interpreter.
+"""The proof that a fold computes what its original does: a folded package and its original run in the MIL
+interpreter (:func:`prove_fold`); an asset's proof runs on the Core AI runtime (``analyzer.fold.coreai.asset_fold``)
+and both are judged here, by one record and one scale (:func:`compared`, :attr:`FoldProof.within_tolerance`).
 
 N steps of seeded inputs through the original and the folded package (states carried from step to step, a host
 cache for KV inputs); the record keeps max |Δ| of every output over all steps and of every final state, next to
@@ -15,19 +17,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from analyzer.analysis.buildinfo import EquivalenceCheck
 from analyzer.analysis.shapes import read_sized
-from analyzer.engines.interpret import decode_steps, infer_roles, load_interpreter, load_roles, max_abs_diff
+from analyzer.engines.interpret import DecodeRun, decode_steps, infer_roles, load_interpreter, load_roles, max_abs_diff
 from analyzer.engines.interpret.draws import draw_steps, plan_draws
 from analyzer.errors import QfoldError
 from analyzer.ir.coreml.mil_reader import load_function
 
 DEFAULT_STEPS = 4
+INTERPRETER = "the MIL interpreter"
 # The Done-when bound of issue #9: max |Δ| ≤ 1e-2 × max |output| (fp16 graphs round every op to 11 bits).
 RELATIVE_TOLERANCE = 1e-2
 
@@ -43,7 +47,7 @@ class FoldProof:
     max_abs_value: dict[str, float] = field(default_factory=dict)  # max |original| of the same
     random_inputs: tuple[str, ...] = ()
     seconds: float = 0.0
-    engine: str = "the MIL interpreter"  # what ran both programs (the Core AI fold: "the Core AI runtime")
+    engine: str = INTERPRETER  # what ran both programs (the Core AI fold: "the Core AI runtime")
     draws: tuple[str, ...] = ()  # how each input was drawn, without an input spec
     shapes: tuple[str, ...] = ()  # the shapes a flexible package ran at
 
@@ -65,6 +69,32 @@ class FoldProof:
         unit = "steps" if self.draws else "decode steps"  # drawn inputs: any call, a prefill chunk too
         return (f"{verdict} over {self.steps} {unit} in {self.engine} "
                 f"({len(self.max_abs_diff)} outputs and states, seed {self.seed}, inputs {self.roles}{at})")
+
+    def to_json(self) -> dict[str, Any]:
+        """The proof's document (the ``fold`` CLI's ``proof``, the fold cache's), both backends'."""
+        return {**asdict(self), "bit_identical": self.bit_identical, "within_tolerance": self.within_tolerance,
+                "headline": self.headline()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FoldProof:
+        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for name in ("random_inputs", "draws", "shapes"):
+            fields[name] = tuple(fields.get(name, ()))
+        return cls(**fields)
+
+
+def compared(original: DecodeRun, folded: DecodeRun, steps: int, seed: int, roles: str, t0: float,
+             engine: str = INTERPRETER, draws: tuple[str, ...] = (), shapes: tuple[str, ...] = ()) -> FoldProof:
+    """The proof of two runs on the same seeded inputs, either engine: max |Δ| of every output (over all steps)
+    and final state, beside the largest |value| the original reached in each, the scale
+    :attr:`FoldProof.within_tolerance` holds the difference to."""
+    scale: dict[str, float] = {}
+    for values in (*original.outputs, original.states):
+        for name, v in values.items():
+            scale[name] = max(scale.get(name, 0.0), float(np.max(np.abs(v.astype(np.float32)), initial=0.0)))
+    return FoldProof(True, steps=steps, seed=seed, roles=roles, max_abs_diff=max_abs_diff(original, folded),
+                     max_abs_value=scale, random_inputs=tuple(original.random_inputs),
+                     seconds=round(time.monotonic() - t0, 3), engine=engine, draws=draws, shapes=shapes)
 
 
 def prove_fold(original: str | Path, folded: str | Path, steps: int = DEFAULT_STEPS, seed: int = 0,
@@ -119,14 +149,7 @@ def _prove_function(original, folded, steps, seed, roles_path, function, t0, sha
             ra, rb = draw_steps(a, plan, steps, seed), draw_steps(b, plan, steps, seed)
     except QfoldError as e:
         return FoldProof(False, reason=str(e))
-    scale: dict[str, float] = {}
-    for values in (*ra.outputs, ra.states):
-        for name, v in values.items():
-            scale[name] = max(scale.get(name, 0.0), float(np.max(np.abs(v.astype(np.float32)), initial=0.0)))
-    diffs = max_abs_diff(ra, rb)
-    return FoldProof(True, steps=steps, seed=seed, roles=how, max_abs_diff=diffs, max_abs_value=scale,
-                     random_inputs=tuple(ra.random_inputs), seconds=round(time.monotonic() - t0, 3), draws=draws,
-                     shapes=tuple(x.text for x in program.assumed_shapes))
+    return compared(ra, rb, steps, seed, how, t0, draws=draws, shapes=tuple(x.text for x in program.assumed_shapes))
 
 
 def folded_check(proof: FoldProof) -> EquivalenceCheck:

@@ -1,6 +1,6 @@
 """``fold IN.aimodel OUT.aimodel``: remove KV replication from any Core AI asset, proven on Apple's runtime.
 
-The same report as a package fold (``analyzer.fold.coreml.package``): one decision per replication op
+The same report as a package fold (``analyzer.fold.fold_records.FoldReport``): one decision per replication op
 (``coreai.broadcast_in_dims`` / ``coreai.tile``, those inside an SDPA composite's fallback body included and
 marked with the composite's call count), bytes per decode token by category before and after (the walker's
 byte account), a check that every weight constant kept its type and bytes, and the proof: both assets run on
@@ -21,18 +21,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from analyzer.analysis.accounting import account
 from analyzer.engines.coreai.runtime import CoreAIRuntime
-from analyzer.engines.interpret import InputRoles, decode_steps, infer_roles, load_roles, max_abs_diff
+from analyzer.engines.interpret import InputRoles, decode_steps, infer_roles, load_roles
 from analyzer.errors import FoldError, QfoldError
-from analyzer.fold.fold_records import FunctionBytes, TileDecision, WeightCheck
-from analyzer.fold.proof import DEFAULT_STEPS, FoldProof
+from analyzer.fold.fold_records import FoldReport, FunctionBytes, TileDecision, WeightCheck
+from analyzer.fold.proof import DEFAULT_STEPS, FoldProof, compared
 from analyzer.fsio import replace_dir
 from analyzer.ir.coreai.asset import ASSET_SUFFIX, check_asset
 from analyzer.ir.coreai.walk import read_asset
@@ -42,41 +38,6 @@ PASS_NAME = "qfold::fold_coreai_replication"
 PASS_VERSION = 1
 ENGINE = "the Core AI runtime"
 _FLOAT_TYPES = ("xf16>", "xf32>", "xbf16>", "<f16>", "<f32>", "<bf16>")
-
-
-@dataclass(frozen=True, slots=True)
-class AimodelFoldReport:
-    source: str
-    output: str
-    decisions: tuple[TileDecision, ...]
-    functions: tuple[FunctionBytes, ...]
-    weights: WeightCheck | None  # None when nothing was folded (the output is a byte copy)
-    proof: FoldProof
-    composite_calls: dict[str, int] = field(default_factory=dict)
-    timings_s: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def tiles_folded(self) -> int:
-        return sum(d.folded for d in self.decisions)
-
-    @property
-    def changed(self) -> bool:
-        return self.tiles_folded > 0
-
-    def to_json(self) -> dict[str, Any]:
-        """The fold CLI's document, with the keys of a package fold's (``analyzer.fold.cache.report_json``)."""
-        proof = self.proof
-        return {
-            "input": self.source, "output": self.output, "backend": "coreai", "source": self.source,
-            "pass": PASS_NAME, "pass_version": PASS_VERSION, "changed": self.changed,
-            "tiles_found": len(self.decisions), "tiles_folded": self.tiles_folded,
-            "tiles_left": len(self.decisions) - self.tiles_folded, "tiles": [asdict(d) for d in self.decisions],
-            "functions": [asdict(f) for f in self.functions],
-            "weights": None if self.weights is None else {**asdict(self.weights), "ok": self.weights.ok},
-            "composite_calls": self.composite_calls, "timings_s": self.timings_s,
-            "proof": {**asdict(proof), "bit_identical": proof.bit_identical,
-                      "within_tolerance": proof.within_tolerance, "headline": proof.headline()},
-        }
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -106,12 +67,7 @@ def prove_on_runtime(original: Path, folded: Path, steps: int = DEFAULT_STEPS, s
             ra, rb = decode_steps(a, steps, roles, seed=seed), decode_steps(b, steps, roles, seed=seed)
     except QfoldError as e:
         return FoldProof(False, reason=str(e), engine=ENGINE)
-    scale: dict[str, float] = {}
-    for values in (*ra.outputs, ra.states):
-        for name, v in values.items():
-            scale[name] = max(scale.get(name, 0.0), float(np.max(np.abs(v.astype(np.float32)), initial=0.0)))
-    return FoldProof(True, steps=steps, seed=seed, roles=how, max_abs_diff=max_abs_diff(ra, rb), max_abs_value=scale,
-                     random_inputs=tuple(ra.random_inputs), seconds=round(time.monotonic() - t0, 3), engine=ENGINE)
+    return compared(ra, rb, steps, seed, how, t0, engine=ENGINE)
 
 
 def function_bytes(before: Path, after: Path) -> tuple[FunctionBytes, ...]:
@@ -143,7 +99,7 @@ def _rewrite(src: Path, tmp: Path) -> dict:
 
 
 def fold_asset(src: str | Path, dst: str | Path, steps: int = DEFAULT_STEPS, seed: int = 0,
-               roles_path: str | Path | None = None, prove: bool = True) -> AimodelFoldReport:
+               roles_path: str | Path | None = None, prove: bool = True) -> FoldReport:
     """Fold every KV-replicating op of ``src`` into ``dst`` (replaced if it exists) and prove it on the runtime.
     When nothing is folded, ``dst`` is a byte copy of ``src``."""
     t0 = time.monotonic()
@@ -189,5 +145,5 @@ def fold_asset(src: str | Path, dst: str | Path, steps: int = DEFAULT_STEPS, see
         replace_dir(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return AimodelFoldReport(str(src), str(dst), decisions, functions, weights, proof,
-                             doc.get("composite_calls", {}), timings)
+    return FoldReport("coreai", str(src), str(dst), PASS_NAME, PASS_VERSION, decisions, functions, weights, timings,
+                      doc.get("composite_calls", {}), proof)

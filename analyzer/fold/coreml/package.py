@@ -21,13 +21,12 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from analyzer.analysis.accounting import account
 from analyzer.analysis.shapes import read_sized
 from analyzer.errors import FoldError, MilError
-from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION, FunctionBytes, TileDecision, WeightCheck
+from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION, FoldReport, FunctionBytes, WeightCheck
 from analyzer.fsio import check_disjoint, copy_tree, open_regular, replace_dir, tree_files
 from analyzer.ir.coreml.mil_reader import (
     Blobs,
@@ -42,33 +41,6 @@ from analyzer.ir.coreml.mil_reader import (
 # What runs after the fold (it is run on the Program first, so its decisions can be read back).
 FOLD_PIPELINE: tuple[str, ...] = ("common::dead_code_elimination",)
 METADATA_KEY = "com.github.qfold.fold"  # user-defined metadata the folded package carries
-
-
-@dataclass(frozen=True, slots=True)
-class FoldReport:
-    source: str
-    output: str
-    pass_version: int
-    decisions: tuple[TileDecision, ...]
-    functions: tuple[FunctionBytes, ...]
-    weights: WeightCheck | None  # None when nothing was folded (the output is a byte copy)
-    timings_s: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def tiles_found(self) -> int:
-        return len(self.decisions)
-
-    @property
-    def tiles_folded(self) -> int:
-        return sum(d.folded for d in self.decisions)
-
-    @property
-    def tiles_left(self) -> tuple[TileDecision, ...]:
-        return tuple(d for d in self.decisions if not d.folded)
-
-    @property
-    def changed(self) -> bool:
-        return self.tiles_folded > 0
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -210,7 +182,7 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True,
                       sum(op.tile_kind == "kv_replication" for op in after[fn].ops))
         for fn in functions
     )
-    return FoldReport(str(pkg), str(dst), PASS_VERSION, decisions, rows, weights, timings)
+    return FoldReport("coreml", str(pkg), str(dst), PASS_NAME, PASS_VERSION, decisions, rows, weights, timings)
 
 
 def _function_names(pkg: Path) -> tuple[str, ...]:
