@@ -12,8 +12,7 @@ import streamlit as st
 from analyzer import fmt
 from analyzer.analysis.shapes import parse_shape_text
 from analyzer.errors import QfoldError
-from analyzer.fold.cache import fold_cached
-from analyzer.fold.fold_cache import fold_record_of
+from analyzer.fold.cache import fold_cached, fold_record_of
 from analyzer.fsio import path_under_roots
 from analyzer.measure.bench import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_WARMUP, log_csv, run_bench
 from analyzer.report.catalog import package_refs

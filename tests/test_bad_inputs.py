@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.cli import main
-from analyzer.fold.cache import fold_cached
-from analyzer.fold.fold_cache import FOLDS_DIR
+from analyzer.fold.cache import FOLDS_DIR, fold_cached
 from analyzer.fsio import write_json_atomic
 from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.measure.logs.importer import parse_log

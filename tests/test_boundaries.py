@@ -1,6 +1,7 @@
 """House rules that a grep, an import or a parse can check: the core never imports streamlit, nothing unpickles or
 runs remote code, every import (lazy ones inside functions included) follows the layering the README states and
-makes no circle, the README's layout table is the tree, and no module grows past ~400 lines."""
+makes no circle, the README's layout table is the tree, and no module grows past the README's hard size limit (its
+guide is ~400 lines for a module that does one job; the test holds the hard limit only)."""
 
 import ast
 import functools
@@ -18,10 +19,12 @@ CODE = [*REPO.glob("analyzer/**/*.py"), REPO / "app.py", *REPO.glob("app_pages/*
 # The product's modules: the core, the dashboard. Every house rule below covers both.
 PRODUCT = sorted([*REPO.glob("analyzer/**/*.py"), REPO / "app.py", *REPO.glob("app_pages/**/*.py")])
 README = (REPO / "README.md").read_text()
-MAX_MODULE_LINES = 400
+_SIZE = re.search(r"no module of the product passes (\d+) lines", README)
+assert _SIZE, "the README no longer states the module size limit this file checks"
+MAX_MODULE_LINES = int(_SIZE.group(1))  # the hard limit; ~400 lines is the README's guide, not a test
 # The dashboard's pages (app.py's st.Page entries); the other app_pages modules are what pages share.
 PAGES = set(re.findall(r'st\.Page\("app_pages/(\w+)\.py"', (REPO / "app.py").read_text()))
-# Modules another branch is splitting; each must still be over the limit (else drop it from here).
+# Modules over the hard limit that another branch is splitting; each must still be over it (else drop it from here).
 OVER_LIMIT_UNTIL_SPLIT: dict[str, str] = {}
 
 
@@ -204,6 +207,8 @@ def test_readme_layout_table_matches_the_tree():
 
 
 def test_no_module_over_the_limit():
+    """The hard limit (the README's): a module past it does more than one job. Under it, size is a guide."""
+    assert 400 < MAX_MODULE_LINES <= 1000  # the README's number, read: neither the guide itself nor no limit at all
     over = {str(p.relative_to(REPO)): n for p in PRODUCT if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert set(over) == set(OVER_LIMIT_UNTIL_SPLIT), over
 

@@ -16,9 +16,8 @@ import pytest
 
 from analyzer.analysis.accounting import account
 from analyzer.analysis.record import load_analysis
-from analyzer.fold.cache import build_folded, fold_cached
+from analyzer.fold.cache import FOLD_FILE, build_folded, fold_cached
 from analyzer.fold.coreml.package import fold_package
-from analyzer.fold.fold_cache import FOLD_FILE
 from analyzer.fold.proof import prove_fold
 from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.sources import DEFAULT_PRESET, geometry_of, load_config, resolve_source

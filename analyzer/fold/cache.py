@@ -1,4 +1,4 @@
-"""Folded packages on disk: a content-hashed cache, and the ``repeat_kv+fold`` build route.
+"""Folds on disk (packages and assets): a content-hashed cache, and the ``repeat_kv+fold`` build route.
 
 * ``fold_cached(pkg)``: the fold of any package, keyed by the SHA-256 of the package's files and the pass
   version, kept in ``builds/.folds/<key>/`` (``model.mlpackage`` + ``fold.json``: the pass's report and the
@@ -11,6 +11,8 @@
   yields both sides of the A/B. Its ``analysis.json`` is a build analysis whose ``spec.variant`` is
   ``repeat_kv+fold``, with ``folded_from`` (the original's key), ``fold`` (the report and proof) and the
   equivalence checks of the original plus "folded vs original".
+* ``fold_record_of(path)``: the record of a cached fold, so the dashboard's headline can say a package is a fold
+  (importing this module imports neither coremltools nor torch: the pass and the rewrite are loaded when a fold runs).
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from analyzer.engines.coreai.runtime import asset_in
 from analyzer.errors import FoldError, QfoldError
 from analyzer.fold.coreai import asset_fold
 from analyzer.fold.coreml.package import fold_package, package_digest
-from analyzer.fold.fold_cache import FOLD_FILE, FOLDS_DIR
 from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION
 from analyzer.fold.proof import DEFAULT_STEPS, FoldProof, folded_check, prove_fold
 from analyzer.fsio import check_disjoint, copy_tree, file_kind, read_bytes_bounded, read_json, write_json_atomic
@@ -54,6 +55,8 @@ from analyzer.ir.coreml.mil_reader import find_package, read_program
 from analyzer.model.spec import FOLD_BASE_VARIANT, FOLD_VARIANT, BuildSpec, check_fold_route
 
 MAX_SPEC_BYTES = 1 << 20  # an input spec names a few inputs
+FOLDS_DIR = ".folds"  # <builds>/.folds/<key>/: model.mlpackage (or model.aimodel) beside its record
+FOLD_FILE = "fold.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,21 @@ class FoldResult:
 
 def fold_key(digest: str) -> str:
     return f"{digest[:24]}-p{PASS_VERSION}"
+
+
+def fold_record_of(package: str | Path | None) -> dict[str, Any] | None:
+    """The ``fold.json`` of a cached fold's package or asset (``<builds>/.folds/<key>/model.mlpackage`` or
+    ``model.aimodel``), else None."""
+    if package is None:
+        return None
+    f = Path(package).parent / FOLD_FILE
+    if Path(package).name not in (PACKAGE_NAME, ASSET_NAME) or Path(package).parent.parent.name != FOLDS_DIR or \
+            not f.is_file():
+        return None
+    try:
+        return read_json(f, error=FoldError)
+    except QfoldError:
+        return None
 
 
 def _proof_request(steps: int, seed: int, roles_path: str | Path | None) -> dict[str, Any]:

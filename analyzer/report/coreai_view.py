@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from analyzer.convert.launch import ASSET_NAME
-from analyzer.fold.fold_cache import fold_record_of
+from analyzer.fold.cache import fold_record_of
 from analyzer.ir.coreai.asset import looks_like_asset
 from analyzer.measure.bench import BenchResult
 from analyzer.model.backends import COREAI

@@ -13,7 +13,7 @@ from analyzer import fmt
 from analyzer.analysis.accounting import CATEGORIES, BytesPerToken
 from analyzer.analysis.record import Analysis
 from analyzer.convert.launch import ASSET_NAME
-from analyzer.fold.fold_cache import fold_record_of
+from analyzer.fold.cache import fold_record_of
 from analyzer.predict.bandwidth_model import predicted_tok_per_s
 from analyzer.report.assumptions import assumption_notes
 

@@ -4,7 +4,6 @@
                   (importing the module registers the pass, so ``ct.PassPipeline`` can name it)
 ``gqa_pattern``   the pattern half: what a KV replication chain looks like, as data
 ``fold_region``   the rewrite: one folded region per attention (matmuls, the fused SDPA, row-wise ops between)
-``blocks``        the MIL block helpers a rewrite needs
 ``package``       fold a saved ``.mlpackage``: milproto → Program → the pass → ``ct.convert`` → save
 
 This package's ``__init__`` imports nothing, so importing a light module does not pull in coremltools.

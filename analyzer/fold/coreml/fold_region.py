@@ -15,7 +15,6 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil import Builder as mb
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
-from analyzer.fold.coreml.blocks import block_inputs
 from analyzer.fold.coreml.gqa_pattern import (
     LAST_AXIS_OPS,
     ROW_LOCAL_OPS,
@@ -43,6 +42,12 @@ def _broadcasts_over_rows(var: Var, rank: int) -> bool:
         return False
     aligned = (1,) * (rank - len(shape)) + tuple(shape)
     return len(aligned) == rank and aligned[rank - 3] == 1 and aligned[rank - 2] == 1
+
+
+def block_inputs(block: Block) -> list[Var]:
+    """A block's inputs as a list (a function's block keeps them in a dict)."""
+    inputs = block.inputs
+    return list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
 
 
 @dataclass

@@ -15,12 +15,11 @@ emit); the replication chain's rank-5 tensors disappear with it.
 from __future__ import annotations
 
 import numpy as np
-from coremltools.converters.mil.mil import Block, Operation, Program
+from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.helper import block_context_manager
 from coremltools.converters.mil.mil.passes.pass_registry import register_pass
 
-from analyzer.fold.coreml.blocks import remove_dead
 from analyzer.fold.coreml.fold_region import RegionFolder
 from analyzer.fold.coreml.gqa_pattern import (
     CHAIN_OPS,
@@ -165,3 +164,26 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
         lay = FoldLayout((), hq, hkv, 1, tuple(int(x) for x in np.argsort(kv_map, kind="stable")))
         return TileDecision(**common, folded=not reason, reason=reason, mapping=lay.kind,
                             chain=" → ".join(rep.chain), kv_heads=hkv, group=hq // hkv)
+
+
+def remove_dead(block: Block, ops: list[Operation]) -> None:
+    """Remove the given ops (and the constants only they read) once nothing reads them, latest first."""
+    pending = list(ops)
+    changed = True
+    while changed:
+        changed = False
+        for op in list(reversed(pending)):
+            if op.enclosing_block is None:
+                pending.remove(op)
+                continue
+            if any(o.child_ops or o in block.outputs for o in op.outputs):
+                continue
+            producers = [v.op for v in op.inputs.values() if isinstance(v, Var) and v.op is not None]
+            producers += [x.op for v in op.inputs.values() if isinstance(v, (list, tuple)) for x in v
+                          if x.op is not None]
+            block.remove_ops([op])
+            pending.remove(op)
+            changed = True
+            for p in producers:
+                if p.op_type == "const" and p not in pending:
+                    pending.append(p)
