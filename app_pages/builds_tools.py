@@ -1,6 +1,6 @@
 """The Builds page's tools for models that exist: analyse a .mlpackage or .aimodel made elsewhere, fold one (or a
 Core AI build), and time Core AI builds on the Core AI runtime, whose log rows join the Device logs and Bandwidth
-pages. The logic is in ``analyzer`` (``convert.fold``, ``device.bench``, ``report.coreai_view``)."""
+pages. The logic is in ``analyzer`` (``fold.cache``, ``measure.bench``, ``report.coreai_view``)."""
 
 from __future__ import annotations
 
@@ -111,13 +111,13 @@ def fold_section(root: Path) -> None:
         except QfoldError as e:
             widgets.error(e)
             return
-    analyses.set_package_shapes(str(folded.package), fold_shapes)  # the fold keeps the original's inputs
-    _keep_package(folded.package)
+    analyses.set_package_shapes(str(folded.artifact), fold_shapes)  # the fold keeps the original's inputs
+    _keep_package(folded.artifact)
     st.session_state[Key.AB_A] = candidates[to_fold][1] or package_refs(to_fold, fold_shapes)[0].id  # original
-    st.session_state[Key.AB_B] = package_refs(folded.package, fold_shapes)[0].id  # vs its fold, on the A/B page
-    export = "" if folded.package.suffix == ".aimodel" else ", and downloadable from Export"
+    st.session_state[Key.AB_B] = package_refs(folded.artifact, fold_shapes)[0].id  # vs its fold, on the A/B page
+    export = "" if folded.artifact.suffix == ".aimodel" else ", and downloadable from Export"
     st.success(f"{fmt.md(candidates[to_fold][0])}: {fmt.md_text(for_ui(folded.summary()))}. The folded model is on "
-               f"the A/B page beside the original{export} ({fmt.md(folded.package)}).")
+               f"the A/B page beside the original{export} ({fmt.md(folded.artifact)}).")
     st.page_link("app_pages/ab.py", label="Open the A/B", icon=":material/compare:")
 
 

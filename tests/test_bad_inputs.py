@@ -121,7 +121,7 @@ def test_the_fold_cache_is_copied_never_hard_linked_and_verified_before_reuse(fo
     assert first.record["report"]["tiles_folded"] == 2 and not first.reused
     out = tmp_path / "out.mlpackage"
     assert main(["fold", str(pkg), str(out), "--builds-dir", str(root / "builds"), "--no-proof", "--json"]) == 0
-    mine, cached = weight_path(out), weight_path(first.package)
+    mine, cached = weight_path(out), weight_path(first.artifact)
     assert mine.stat().st_nlink == 1 and mine.stat().st_ino != cached.stat().st_ino
     good = cached.read_bytes()
     with mine.open("r+b") as f:  # a user edits their output: the cache must not change
@@ -132,7 +132,7 @@ def test_the_fold_cache_is_copied_never_hard_linked_and_verified_before_reuse(fo
         f.seek(100)
         f.write(b"\xff" * 8)
     again = fold_cached(pkg, root / "builds", prove=False)
-    assert not again.reused and weight_path(again.package).read_bytes() == good
+    assert not again.reused and weight_path(again.artifact).read_bytes() == good
     assert fold_cached(pkg, root / "builds", prove=False).reused
 
 

@@ -74,7 +74,7 @@ def cmd_fold(args) -> int:
     result = fold_cached(src, args.builds_dir, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
                          prove=not args.no_proof, shapes=shapes)
     check_disjoint(result.path, real_out, FoldError)  # never the cache entry itself
-    copy_package(result.package, real_out)
+    copy_package(result.artifact, real_out)
     cache = {"key": result.key, "path": str(result.path), "reused": result.reused}
     return _report(args, _document(src, out, result.record["report"], result.record["proof"], cache))
 
@@ -127,7 +127,8 @@ def _print(doc: dict) -> None:
                         ("function", "op" if doc.get("backend") == "coreai" else "tile", "input", "output", "",
                          "head mapping", "chain / reason")))
     for f in doc["functions"]:
-        print(f"\nbytes per call (a decode call is one token), function {f['function']} (kv_replication tiles "
+        copies = "replication ops" if doc.get("backend") == "coreai" else "tiles"
+        print(f"\nbytes per call (a decode call is one token), function {f['function']} (kv_replication {copies} "
               f"{f['kv_replication_tiles_before']} → {f['kv_replication_tiles_after']})")
         b, a = f["before"], f["after"]
         print(fmt.table([(k, b[k], a[k], a[k] - b[k], fmt.mib(a[k] - b[k])) for k in b],

@@ -63,7 +63,7 @@ FOLD_FILE = "fold.json"
 class FoldResult:
     key: str
     path: Path  # the cache folder
-    package: Path
+    artifact: Path  # the folded package (model.mlpackage) or asset (model.aimodel) in it
     record: dict[str, Any]  # fold.json
     reused: bool
     seconds: float
@@ -73,7 +73,8 @@ class FoldResult:
         return FoldProof.from_json(self.record["proof"]).headline()
 
     def summary(self) -> str:
-        """One line for the UI: tiles, bytes per token of the first function, and the proof."""
+        """One line for the UI: copies (MIL tiles or Core AI replication ops), bytes per token of the first
+        function, and the proof."""
         r = self.record["report"]
         ops = "replication ops" if r.get("backend") == "coreai" else "tile ops"
         if not r["changed"]:
@@ -335,7 +336,7 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
-            copy_package(fold.package, tmp / PACKAGE_NAME)
+            copy_package(fold.artifact, tmp / PACKAGE_NAME)
             write_analysis(tmp / ANALYSIS_FILE, folded_analysis(original, fold, key))
             (tmp / LOG_FILE).write_text(f"folded {base.key} with {PASS_NAME} v{PASS_VERSION}: "
                                         f"{fold.record['report']['tiles_folded']} tiles folded; "
@@ -355,14 +356,14 @@ def folded_analysis(original: Analysis, fold: FoldResult, key: str) -> Analysis:
     if original.build is None:
         raise FoldError(f"{original.file}: not a build analysis; a repeat_kv+fold build folds a qfold build")
     b = original.build
-    program = replace(read_program(fold.package), path=PACKAGE_NAME)
+    program = replace(read_program(fold.artifact), path=PACKAGE_NAME)
     report = fold.record["report"]
     info = replace(
         b, key=key, created=datetime.now(UTC).isoformat(timespec="seconds"),
         spec=replace(b.spec, variant=FOLD_VARIANT),
         timings_s={f"fold_{stage}": float(t) for stage, t in report["timings_s"].items()},
         peak_rss_bytes=peak_rss_bytes(),
-        package_bytes=sum(f.stat().st_size for f in fold.package.rglob("*") if f.is_file()),
+        package_bytes=sum(f.stat().st_size for f in fold.artifact.rglob("*") if f.is_file()),
         checks=(*b.checks, folded_check(FoldProof.from_json(fold.record["proof"]))),
         extra={**b.extra, "folded_from": b.key,
                "fold": {"key": fold.key, "reused": fold.reused, **report, "proof": fold.record["proof"]}},

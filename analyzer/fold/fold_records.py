@@ -3,7 +3,7 @@
 Whether a copy replicates KV heads is decided by :func:`analyzer.ir.replication.head_mapping` (the replication
 chain evaluated on an index tensor, never names), for the Core ML pass (``gqa_pattern``) and the Core AI rewrite
 alike. :class:`FoldReport` is what either backend's fold did, and its one JSON document (the ``fold`` CLI's, the
-fold cache's and a folded build's): :class:`TileDecision` is one copy's row (a MIL ``tile``; for Core AI a
+fold cache's and a folded build's): :class:`CopyDecision` is one copy's row (a MIL ``tile``; for Core AI a
 ``coreai.broadcast_in_dims`` or ``coreai.tile``), :class:`FunctionBytes` and :class:`WeightCheck` the byte and
 weight checks beside it.
 """
@@ -23,8 +23,9 @@ PASS_NAME = "qfold::fold_gqa_replication"
 
 
 @dataclass(frozen=True, slots=True)
-class TileDecision:
-    """What the pass did with one tile (the CLI's and the report's row)."""
+class CopyDecision:
+    """What a fold did with one copy (the CLI's and the report's row): a MIL ``tile``, or a Core AI
+    ``broadcast_in_dims`` / ``tile``."""
 
     function: str
     name: str
@@ -80,7 +81,7 @@ class FoldReport:
     output: str
     pass_name: str
     pass_version: int
-    decisions: tuple[TileDecision, ...]
+    decisions: tuple[CopyDecision, ...]
     functions: tuple[FunctionBytes, ...]
     weights: WeightCheck | None  # None when nothing was folded (the output is a byte copy)
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -96,7 +97,7 @@ class FoldReport:
         return sum(d.folded for d in self.decisions)
 
     @property
-    def tiles_left(self) -> tuple[TileDecision, ...]:
+    def tiles_left(self) -> tuple[CopyDecision, ...]:
         return tuple(d for d in self.decisions if not d.folded)
 
     @property

@@ -27,7 +27,7 @@ from analyzer.analysis.accounting import account
 from analyzer.engines.coreai.runtime import CoreAIRuntime
 from analyzer.engines.interpret import InputRoles, decode_steps, infer_roles, load_roles
 from analyzer.errors import FoldError, QfoldError
-from analyzer.fold.fold_records import FoldReport, FunctionBytes, TileDecision, WeightCheck
+from analyzer.fold.fold_records import CopyDecision, FoldReport, FunctionBytes, WeightCheck
 from analyzer.fold.proof import DEFAULT_STEPS, FoldProof, compared
 from analyzer.fsio import replace_dir
 from analyzer.ir.coreai.asset import ASSET_SUFFIX, check_asset
@@ -123,7 +123,7 @@ def fold_asset(src: str | Path, dst: str | Path, steps: int = DEFAULT_STEPS, see
     try:
         doc = _rewrite(src, tmp)
         lap("rewrite_s")
-        decisions = tuple(TileDecision(**{**d, "input_shape": tuple(d["input_shape"]),
+        decisions = tuple(CopyDecision(**{**d, "input_shape": tuple(d["input_shape"]),
                                           "output_shape": tuple(d["output_shape"])}) for d in doc["decisions"])
         weights = None
         if any(d.folded for d in decisions):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.fold.fold_records import Refusal, TileDecision
+from analyzer.fold.fold_records import CopyDecision, Refusal
 from analyzer.ir.coreai.asset import check_asset
 from analyzer.ir.coreai.op_ids import CALLEE, OP_ID
 from analyzer.ir.replication import head_mapping
@@ -322,11 +322,11 @@ def rewrite_asset(src: Path, dst: Path) -> dict:
             where = f" (inside composite @{graph}, {calls.get(graph, 0)} calls)" if composite else ""
             plan = _plan(rep)
             if isinstance(plan, Refusal):
-                decisions.append(TileDecision(**common, folded=False, reason=f"{rep.name} {plan.reason}{where}"))
+                decisions.append(CopyDecision(**common, folded=False, reason=f"{rep.name} {plan.reason}{where}"))
                 continue
             kv_map, hkv = plan[2][0][2][1], plan[1][1]
             reason = _fold_one(ops, rep, plan)
-            decisions.append(TileDecision(**common, folded=not reason, reason=reason + where if reason else "",
+            decisions.append(CopyDecision(**common, folded=not reason, reason=reason + where if reason else "",
                                           mapping=_mapping_kind(kv_map, hkv), chain=plan[3] + where,
                                           kv_heads=hkv, group=len(kv_map) // hkv))
         module.operation.verify()

@@ -24,11 +24,11 @@ from analyzer.fold.coreml.fold_region import RegionFolder
 from analyzer.fold.coreml.gqa_pattern import (
     CHAIN_OPS,
     SOURCE_WALK,
+    CopyDecision,
     FoldLayout,
     Refusal,
     Replica,
     ReplicaUse,
-    TileDecision,
     maybe_fold,
     plain_shape,
 )
@@ -96,7 +96,7 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
     """
 
     def __init__(self) -> None:
-        self.decisions: list[TileDecision] = []
+        self.decisions: list[CopyDecision] = []
 
     def apply(self, prog: Program) -> None:
         self.decisions = []
@@ -150,7 +150,7 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
 
     @staticmethod
     def _decision(function: str, tile: Operation, rep: Replica | None, reason: str, verdict: Replication | None
-                  ) -> TileDecision:
+                  ) -> CopyDecision:
         common = dict(function=function, name=tile.outputs[0].name, input_shape=plain_shape(tile.x.shape),
                       output_shape=plain_shape(tile.outputs[0].shape),
                       replication=verdict is not None and verdict.is_kv)
@@ -158,11 +158,11 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
             extra = {}
             if verdict is not None and verdict.is_kv:
                 extra = dict(kv_heads=verdict.kv_heads, group=verdict.group)
-            return TileDecision(**common, folded=False, reason=f"tile {reason}", **extra)
+            return CopyDecision(**common, folded=False, reason=f"tile {reason}", **extra)
         kv_map = np.asarray(rep.uses[0].kv_map)
         hq, hkv = len(kv_map), rep.source_shape[-3]
         lay = FoldLayout((), hq, hkv, 1, tuple(int(x) for x in np.argsort(kv_map, kind="stable")))
-        return TileDecision(**common, folded=not reason, reason=reason, mapping=lay.kind,
+        return CopyDecision(**common, folded=not reason, reason=reason, mapping=lay.kind,
                             chain=" → ".join(rep.chain), kv_heads=hkv, group=hq // hkv)
 
 

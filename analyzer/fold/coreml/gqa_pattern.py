@@ -13,7 +13,7 @@ import numpy as np
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.types.symbolic import any_symbolic, is_symbolic
 
-from analyzer.fold.fold_records import Refusal, TileDecision  # noqa: F401  (TileDecision re-exported for gqa_fold)
+from analyzer.fold.fold_records import CopyDecision, Refusal  # noqa: F401  (CopyDecision re-exported for gqa_fold)
 from analyzer.ir.replication import (
     ATTENTION_WEIGHT_OPS,
     MATMUL_LHS,
