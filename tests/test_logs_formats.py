@@ -69,7 +69,8 @@ FIXTURES: dict[str, tuple[str, list[tuple[int, str, float, int | None, int | Non
 
 def test_every_format_has_a_fixture() -> None:
     covered = {fmt for fmt, _ in FIXTURES.values()}
-    assert set(FORMATS) - covered == {"qfold-csv", "qfold-md"}  # qfold's own schema: tests/test_logs.py
+    # qfold's own schema: tests/test_logs.py; the Core AI benchmarks' JSON: tests/test_logs_coreai.py
+    assert set(FORMATS) - covered == {"qfold-csv", "qfold-md", "coreai-llm-benchmark", "coreai-community-bench"}
 
 
 @pytest.mark.parametrize("name", FIXTURES)

@@ -1,7 +1,8 @@
 """Format detection by content, never by file name: one registry of every format the importer reads.
 
 Order matters and goes from the most to the least specific evidence: runner summary lines (each runner's own
-throughput line, anchored at the start of a line), then JSON (``[`` / ``{`` first), llama-bench SQL
+throughput line, anchored at the start of a line), then the Core AI benchmarks' JSON documents (their own keys),
+then JSON (``[`` / ``{`` first), llama-bench SQL
 (``INSERT INTO``), markdown tables (a ``|---|`` separator row), and CSV last (a header row). A text with the
 throughput lines of two different runners is refused rather than guessed at.
 """
@@ -16,6 +17,8 @@ from types import MappingProxyType
 
 from analyzer.measure.logs.readers import (
     anemll,
+    coreai_community_bench,
+    coreai_llm_benchmark,
     coreml_llm_cli,
     executorch,
     executorch_coreml,
@@ -61,6 +64,11 @@ _SPECS = (
                   anemll.detect),
     LogFormatSpec("coreml-llm-cli", "coreml-llm-cli's summary ('Generate : A +/- S ms / token', 'T +/- S token / "
                   "sec', 'Prompt : X ms')", coreml_llm_cli.read, coreml_llm_cli.detect),
+    LogFormatSpec(coreai_community_bench.FORMAT, "the community Core AI benchmark blob (kind "
+                  "coreai-community-bench: device model identifier, OS build, warm runs' decode and prefill tok/s, "
+                  "TTFT, load time), as posted, fenced or not", coreai_community_bench.read_text),
+    LogFormatSpec(coreai_llm_benchmark.FORMAT, "Apple's Core AI llm-benchmark --output-json (per trial prompt and "
+                  "generation tok/s, prepare and warm-up times, cache hit)", coreai_llm_benchmark.read_text),
     LogFormatSpec("llama-bench-json", "llama-bench -o json", llama_bench_dump.read_json),
     LogFormatSpec("llama-bench-jsonl", "llama-bench -o jsonl", llama_bench_dump.read_jsonl),
     LogFormatSpec("llama-bench-sql", "llama-bench -o sql (INSERT INTO llama_bench …)", llama_bench_dump.read_sql),
@@ -101,6 +109,9 @@ def detect_format(text: str, col: Collector) -> LogFormatSpec:
                           "split it, one runner per file")
     if runners:
         return runners[0]
+    for document in (coreai_community_bench, coreai_llm_benchmark):  # one JSON object holding many runs
+        if document.detect(text):
+            return FORMATS[document.FORMAT]
     json_kind = llama_bench_dump.detect_json(text)
     if json_kind is not None:
         return FORMATS[json_kind]

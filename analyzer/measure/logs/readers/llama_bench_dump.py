@@ -148,8 +148,9 @@ def detect_json(text: str) -> str | None:
         except IntegerTooLongError:
             return "llama-bench-jsonl"  # its reader names the line
         except (json.JSONDecodeError, RecursionError):
-            raise RejectError("a JSON object spanning several lines: llama-bench -o json writes an array "
-                              "([...]) and -o jsonl one object per line") from None
+            raise RejectError("a JSON object spanning several lines, not a format qfold reads: llama-bench -o json "
+                              "writes an array ([...]) and -o jsonl one object per line; Core AI's llm-benchmark "
+                              "report has trials, a community bench blob kind coreai-community-bench") from None
         return "llama-bench-jsonl"
     return None
 
