@@ -6,10 +6,13 @@ rejected whole or no row was accepted, 2 a bad argument. Errors go to stderr as 
 never as a traceback.
 
     qfold fit LOG [LOG ...] [--build LABEL=BUILD_PATH|BYTES ...] [--bw BYTES_PER_S]
-                           [--device NAME] [--label BUILD] [--overhead] [--json]
+                           [--device NAME] [--label BUILD] [--overhead] [--keep-impossible] [--json]
 
 LOG is any format ``analyzer.measure.logs`` reads, recognised by content (llama-bench markdown/CSV/JSON/SQL,
-llama.cpp / mlx_lm / ExecuTorch / ANEMLL runner output, qfold's CSV). Only decode runs are fitted.
+llama.cpp / mlx_lm / ExecuTorch / ANEMLL runner output, the Core AI benchmarks' JSON, qfold's CSV). Only decode
+runs are fitted. Every row is held against its roof (:mod:`analyzer.predict.roof_check`: the cited bandwidth of its
+device over the bytes its build must read per token); rows above their roof are left out of the fit unless
+``--keep-impossible``, and the output says how many.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from analyzer.measure.logs import (
 from analyzer.measure.logs.text import file_label
 from analyzer.predict.bandwidth_model import BW_RANGE_BYTES_PER_S
 from analyzer.predict.fit import BandwidthReport, bandwidth_report
+from analyzer.predict.profiles import load_profiles
+from analyzer.predict.roof_check import BuildBytes, RoofRow, check_rows, without_impossible
 from analyzer.report.assumptions import assumption_notes
 from analyzer.sweep.table import read_table
 from analyzer.sweep.timing_report import device_model_report, parse_map, report_json, report_text
@@ -103,6 +108,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                              "with --build BUILD=PATH; without it the file name stands in")
     parser.add_argument("--overhead", action="store_true",
                         help="fit a fixed per-token time t0 as well: t = bytes/BW + t0")
+    parser.add_argument("--keep-impossible", action="store_true",
+                        help="fit rows faster than their roof too (cited device bandwidth ÷ the bytes the build must "
+                             "read per token); by default they are left out, and counted")
     parser.add_argument("--json", action="store_true", dest="as_json", help="print one JSON object")
     parser.add_argument("--sweep", metavar="TABLE",
                         help="a `sweep` table: fit the device model t = Σ bytes_c/BW_c + n_ops·τ + t0 per device on "
@@ -126,6 +134,10 @@ class GraphSource:
     bytes_per_token: int
     path: str | None  # None: given as a number
     assumptions: tuple[str, ...] = ()  # report.assumptions.assumption_notes of the analysis
+    roof: BuildBytes | None = None  # what one token must read (the roof check's bytes)
+
+    def roof_bytes(self) -> BuildBytes:
+        return self.roof or BuildBytes(self.label, None, None, None, self.bytes_per_token, "given as a number")
 
 
 def _graph_bytes(specs: Sequence[str]) -> dict[str, GraphSource]:
@@ -162,7 +174,7 @@ def _load_build_bytes(spec: str, label: str, path: str) -> GraphSource:
     total = analysis.bytes_per_token.total
     if total <= 0:
         raise _ArgumentError(f"--build {spec!r}: the build reports {total!r} bytes/token, not an int > 0")
-    return GraphSource(label, total, path, assumption_notes(analysis))
+    return GraphSource(label, total, path, assumption_notes(analysis), BuildBytes.of_analysis(label, analysis))
 
 
 def _read_logs(paths: Sequence[str], limits: LogLimits) -> tuple[list[tuple[str, bytes]], LogImport]:
@@ -201,7 +213,15 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _json_payload(imported: LogImport, result: BandwidthReport, graph: dict[str, GraphSource]) -> dict[str, Any]:
+def _row_json(r: RoofRow) -> dict[str, Any]:
+    return {"file": r.file, "line": r.line, "device": r.device, "build": r.build, "phase": r.phase,
+            "context_length": r.context_length, "tok_per_s": r.tok_per_s, "roof_tok_per_s": r.roof_tok_per_s,
+            "roof_bytes_per_token": r.roof_bytes_per_token, "roof_bw_bytes_per_s": r.roof_bw_bytes_per_s,
+            "roof_profile": r.roof_profile, "flags": list(r.flags), "roof_why": r.why}
+
+
+def _json_payload(imported: LogImport, result: BandwidthReport, graph: dict[str, GraphSource],
+                  roofs: tuple[RoofRow, ...], left_out: int) -> dict[str, Any]:
     summaries, bandwidth, fits, report = result.summaries, result.bandwidth, result.fits, result.crosscheck
     builds = []
     for row, s in zip(report.builds, summaries, strict=True):  # crosscheck keeps the summaries' order
@@ -233,7 +253,9 @@ def _json_payload(imported: LogImport, result: BandwidthReport, graph: dict[str,
         "unmapped_builds": list(report.unmapped_builds),
         "unused_build_labels": list(report.unused_graph_labels),
         "issues": [asdict(i) for i in imported.issues],
-        "graph_sources": [asdict(g) for g in graph.values()],
+        "graph_sources": [{k: v for k, v in asdict(g).items() if k != "roof"} for g in graph.values()],
+        "rows": [_row_json(r) for r in roofs],
+        "left_out_above_roof": left_out,
     })
 
 
@@ -297,6 +319,19 @@ def _print_text(imported: LogImport, result: BandwidthReport, graph: dict[str, G
         ), file=out)
 
 
+def _print_roofs(roofs: tuple[RoofRow, ...], left_out: int, *, keep: bool, out: TextIO) -> None:
+    checked = [r for r in roofs if r.roof_tok_per_s is not None]
+    flagged = [r for r in checked if r.flags]
+    print(f"\nRoof check: {len(checked)} of {len(roofs)} row(s) have a roof (a decode run of a known build on a "
+          f"device with a cited bandwidth); {len(flagged)} flagged.", file=out)
+    for r in flagged:
+        print(f"  {r.file}:{r.line} {r.build} on {r.device}: {r.describe_flags()}", file=out)
+    if left_out:
+        print(f"  {left_out} row(s) above their roof left out of the fit (--keep-impossible keeps them)", file=out)
+    elif keep and any(r.above_roof for r in roofs):
+        print("  rows above their roof are fitted (--keep-impossible)", file=out)
+
+
 def _error(message: str, err: TextIO) -> None:
     print(f"{PROG}: error: {message}", file=err)
 
@@ -327,8 +362,17 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
         phases = ", ".join(sorted({m.phase for m in imported.measurements}))
         print(f"{PROG}: note: no decode run to fit (the accepted runs are {phases}); prefill and mixed runs "
               "are listed but never fitted", file=err)
+    roofs = check_rows(imported.measurements, {g.label: g.roof_bytes() for g in graph.values()}, load_profiles())
+    fitted, left_out = ((imported.measurements, 0) if args.keep_impossible
+                        else without_impossible(imported.measurements, roofs))
+    if not fitted:
+        for issue in imported.issues:
+            print(issue.describe(), file=err)
+        _error(f"every accepted row ({left_out}) is above its roof: nothing to fit (--keep-impossible fits them)",
+               err)
+        return 1
     try:
-        result = bandwidth_report(imported.measurements, {g.label: g.bytes_per_token for g in graph.values()},
+        result = bandwidth_report(fitted, {g.label: g.bytes_per_token for g in graph.values()},
                                   fixed_bw_bytes_per_s=args.bw, overhead=args.overhead)
     except (TypeError, ValueError) as e:
         _error(str(e), err)
@@ -341,7 +385,7 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
             _error(str(e), err)
             return 2
     if args.as_json:
-        payload = _json_payload(imported, result, graph)
+        payload = _json_payload(imported, result, graph, roofs, left_out)
         if model_report is not None:
             payload["device_model"] = report_json(model_report)
         print(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False), file=out)
@@ -349,6 +393,7 @@ def run_fit(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO 
         for issue in imported.issues:
             print(issue.describe(), file=err)
         _print_text(imported, result, graph, fixed_bw=args.bw is not None, out=out)
+        _print_roofs(roofs, left_out, keep=args.keep_impossible, out=out)
         if model_report is not None:
             print("\n" + report_text(model_report), file=out)
     return 0
