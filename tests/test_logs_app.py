@@ -69,4 +69,4 @@ def test_a_pasted_placement_plan_goes_to_the_ab_page_not_the_log_importer(tiny_b
     assert not at.session_state["logs_files"]  # the example log stays on
     plans = next(d.value for d in at.dataframe if "ops" in d.value.columns and "functions" in d.value.columns)
     assert plans.to_dict("records") == [{"file": "pasted text 1", "format": "anemll-profile", "accepted": True,
-                                         "ops": 4, "functions": "", "errors": 0, "warnings": 0}]
+                                         "ops": 24, "functions": "", "errors": 0, "warnings": 0}]

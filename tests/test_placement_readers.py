@@ -17,7 +17,7 @@ from analyzer.measure.placement import compare_placement, is_compute, is_plan, j
 from analyzer.report import graphview as gv
 from analyzer.report import placement_figures as pf
 from analyzer.report.graphview.layout import OFF_ANE_BORDER
-from tests.placement_plans import all_ane, plan_bytes, slice_update_on_cpu
+from tests.placement_plans import all_ane, plan_bytes, printf, slice_update_on_cpu
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "placement"
@@ -67,10 +67,16 @@ def test_anemll_profile_report():
     first = plan.op_type_times[0]
     assert (first.op_type, first.count, first.ms_per_op, first.total_time_ms, first.gflop, first.gb_per_s,
             first.share_percent, first.bound) == ("linear", 211, 0.110412, 23.297, 2.381, 109.95, 61.2, "Mem")
-    assert [op.outputs[0] for op in plan.ops] == ["..e_0_internal_tensor_assign_1_cast_fp16"] * 2 + [
+    top, fallback = plan.ops[:20], plan.ops[20:]
+    assert {op.table for op in top} == {"top_ops"} and {op.table for op in fallback} == {"fallback"}
+    logits = top[0]
+    assert (logits.outputs, logits.op_type, logits.preferred, logits.estimate_ms, logits.moved_bytes,
+            logits.bytes_per_s, logits.bound, logits.line) == (("logits",), "linear", "ANE", 3.816638, 419_640_000,
+                                                               109.95e9, "Memory", 49)
+    assert [op.outputs[0] for op in fallback] == ["..e_0_internal_tensor_assign_1_cast_fp16"] * 2 + [
         ".._29_internal_tensor_assign_1_cast_fp16", "hidden_states_1_cast_fp16"]
-    assert plan.ops[3].supported == ("CPU", "ANE") and plan.ops[3].reason == "ANE supported but not preferred"
-    assert plan.ops[0].reason == "ane: Cannot support standalone slice_update"
+    assert fallback[3].supported == ("CPU", "ANE") and fallback[3].reason == "ANE supported but not preferred"
+    assert fallback[0].reason == "ane: Cannot support standalone slice_update"
 
 
 def test_qfold_compute_plan_json():
@@ -117,6 +123,11 @@ VARIANTS = [
      "  matmul                              sixty", None, "must be numbers"),
     ("anemll_profile_report.txt", "gather                    CPU CPU,ANE", "gather                    TPU CPU,ANE",
      "Dev", "device must be one of"),
+    ("anemll_profile_report.txt", "  logits                                       linear                     3.816638",
+     "  logits                                       linear                     3,816638", None,
+     "must be finite numbers"),
+    ("anemll_profile_report.txt", "linear                     0.152701    16.79   109.95 Memory\n  linear_5_cast",
+     "linear                     0.152701    16.79   109.95\n  linear_5_cast", None, "a Top-N row has 6 fields"),
     ("compute_plan_small.json", '"preferred": "GPU"', '"preferred": "NPU"', "functions[0].ops[2]",
      "'preferred' is 'NPU'"),
     ("bench_profile_small.json", '"time_ms": 0.4', '"time_ms": -0.4', "targets[0].ops[2]", "'time_ms' is -0.4"),
@@ -169,7 +180,7 @@ def test_anemll_profiles_malformed_summary_lines_are_warned_about_and_left_out(o
     line = text[: text.index(old)].count("\n") + 1
     plan = read("anemll.txt", text.replace(old, new))
     (warning,) = plan.issues
-    assert plan.accepted and plan.errors == () and len(plan.ops) == 4  # the rest kept
+    assert plan.accepted and plan.errors == () and len(plan.ops) == 24  # the rest kept
     assert (warning.severity, warning.line, warning.column) == ("warning", line, column)
     assert fragment in warning.message
     good = read("anemll_profile_report.txt").timing
@@ -184,15 +195,35 @@ def records(plan) -> set[int]:
     return {op.line for op in plan.ops} | {t.line for t in plan.op_type_times}
 
 
+def test_anemll_profiles_conv_detail_rows_name_ops_in_full_and_join_only_a_conv(qfold):
+    header = printf("  %-40s %10s %8s %8s %8s %6s %6s %7s", "Name", "ms", "GFLOP/s", "MB", "GB/s", "InCh", "OutCh",
+                    "WU%")
+    rows = [printf("  %-40s %10.6f %8.2f %8.2f %8.2f %6d %6d %6.1f%%", "linear_4_cast_fp16", 0.152701, 1.1, 16.79,
+                   109.95, 2048, 4096, 87.5),
+            printf("  %-40s %10.6f %8.2f %8.2f %8.2f %6d %6d", "linear_5_cast_fp16", 0.1, 1.1, 16.79, 109.95, 2048,
+                   4096)]
+    text = "\n".join(["  ANE CostModel Report: x.mlpackage", "", "  Conv Detail (top 15)", "", header,
+                      "  " + " ".join("─" * 8 for _ in range(8)), *rows, ""])
+    plan = read("conv.txt", text)
+    (op,) = plan.ops
+    assert (op.table, op.outputs, op.estimate_ms, op.moved_bytes, op.bytes_per_s, op.line) == (
+        "conv_detail", ("linear_4_cast_fp16",), 0.152701, 16_790_000, 109.95e9, 7)
+    (bad,) = plan.errors
+    assert bad.line == 8 and "8 fields" in bad.message
+    (unmatched,) = join_plan(plan, qfold).unmatched_plan  # the table lists ops whose type contains conv
+    assert "op type differs: the analysis has linear" in unmatched.why
+
+
 # ------------------------------------------------------------------------------------------------- the joins
 def test_anemll_profile_joins_the_shipped_qfold_analysis(qfold):
     j = join_plan(read("anemll_profile_report.txt"), qfold)
     compute = [op for op in qfold.program.ops if is_compute(op.type)]
-    assert (j.n_matched, j.device("CPU").ops, j.device("GPU").ops, j.device("ANE").ops) == (3, 3, 0, len(compute) - 3)
+    assert (j.n_matched, j.device("CPU").ops, j.device("GPU").ops, j.device("ANE").ops) == (
+        20 + 3, 3, 0, len(compute) - 3)  # the Top-N's 20 ops on the ANE, with their cost-model time
     assert {o.name for o in j.off_ane} == {"hidden_states_1_cast_fp16", "k_cache_0_internal_tensor_assign_1_cast_fp16",
                                            "v_cache_0_internal_tensor_assign_1_cast_fp16"}  # two cut alike: both
     (cut,) = j.unmatched_plan  # the k/v of layer 29 cut to one tail: listed, never guessed
-    assert cut.line == 51 and "ends 2 op records' names" in cut.why
+    assert cut.line == 78 and "ends 2 op records' names" in cut.why and cut.ambiguous
     assert j.unmatched_analysis == () and any("may include them" in n for n in j.notes)
     shares = {s.category: s.share for s in j.category_shares}
     assert j.category_shares[0].basis == "cost-model time, ms" and sum(shares.values()) == pytest.approx(1.0)

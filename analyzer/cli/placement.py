@@ -77,13 +77,23 @@ def print_join(j: PlacementJoin) -> None:
                          for o in off[:OFF_ANE_SHOWN]], ("device", "type", "op", "layer", "bytes/token", "reason")))
         if len(off) > OFF_ANE_SHOWN:
             print(f"… and {len(off) - OFF_ANE_SHOWN:,} more (--json lists all)")
+    costed = sorted((o for o in j.matched if o.estimate_ms is not None or o.moved_bytes is not None),
+                    key=lambda o: (-(o.estimate_ms or 0), o.index))
+    if costed:
+        print(f"\nops the report costs one by one: {len(costed):,} (ms, MB and GB/s as the report prints them)")
+        print(fmt.table([(o.device, o.op_type, o.name, "" if o.estimate_ms is None else f"{o.estimate_ms:.6f}",
+                          "" if o.moved_bytes is None else f"{o.moved_bytes / 1e6:.2f}",
+                          "" if o.bytes_per_s is None else f"{o.bytes_per_s / 1e9:.2f}", o.bound or "",
+                          ", ".join(o.tables)) for o in costed[:OFF_ANE_SHOWN]],
+                        ("device", "type", "op", "ms", "MB", "GB/s", "bound", "tables")))
     if j.category_shares:
         basis = j.category_shares[0].basis
         print(f"\nshare of the {basis} by byte category")
         print(fmt.table([(s.category, f"{100 * s.share:.1f}%") for s in j.category_shares if s.amount],
                         ("category", "share")))
-    print(f"\nunmatched: {len(j.unmatched_plan):,} plan op(s), {len(j.unmatched_analysis):,} compute op(s) of the "
-          "analysis not in the plan")
+    ambiguous = sum(1 for u in j.unmatched_plan if u.ambiguous)
+    print(f"\nunmatched: {len(j.unmatched_plan):,} plan op(s) ({ambiguous:,} ambiguous: a cut name several ops "
+          f"share), {len(j.unmatched_analysis):,} compute op(s) of the analysis not in the plan")
     for u in j.unmatched_plan[:OFF_ANE_SHOWN]:
         print(f"  plan {u.label} ({u.op_type}{f', line {u.line}' if u.line else ''}): {u.why}")
     for name in j.unmatched_analysis[:OFF_ANE_SHOWN]:

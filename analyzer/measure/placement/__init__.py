@@ -10,14 +10,13 @@ A/B (``placement_ab``) sets two joins side by side and warns when B moves work o
 
 from __future__ import annotations
 
+from analyzer.measure.placement.name_match import UnmatchedPlanOp, is_compute
 from analyzer.measure.placement.placement_ab import DeviceChange, PlacementAB, PlacementWarning, compare_placement
 from analyzer.measure.placement.placement_join import (
     CategoryShare,
     DeviceTotals,
     JoinedOp,
     PlacementJoin,
-    UnmatchedPlanOp,
-    is_compute,
     join_plan,
 )
 from analyzer.measure.placement.plan_formats import FORMATS, PlanFormatSpec, is_plan, parse_plan, plan_format

@@ -24,6 +24,19 @@ streamed/iter)"`` and the fallback rows ``"  %-40s %-24s %4s %-12s %s"`` (the fi
 ``,``; the reason: ``ane: `` + the ANE compiler's messages for that op type, else "ANE supported but not
 preferred" or "Not supported on ANE", cut the same way at 80). The fallback table lists only the ops *not* on the
 Neural Engine, of every function without naming it; the op-type times are the Espresso cost model's estimates.
+
+Two tables name ops with their cost, read per op (``table`` says which):
+
+- "Top N Most Expensive Operations" (N = min(20, the cost model's unique ops)): ``"  %-44s %-24s %10.6f %8.2f %8.2f
+  %s"``: the op's name cut by ``truncName(…, 44)`` (its last 42 characters after ``..`` when longer than 44), its
+  type without ``iosNN.``, the cost model's ms, MB (``totalMB``), GB/s (MB ÷ ms: so MB = 10^6 bytes and GB = 10^9)
+  and bound (``Memory``, ``Compute``, or ``?`` when the log gave none: kept as None);
+- "Conv Detail (top 15)": ``"  %-40s %10.6f %8.2f %8.2f %8.2f %6d %6d %6.1f%%"``: the full name (never cut), ms,
+  GFLOP/s, MB, GB/s, input and output channels, work-unit efficiency; of ops whose type contains ``conv``.
+
+Both come from the ANE compiler's ``[CostModelFeature]`` log lines, so an op they name was planned on the Neural
+Engine (device ``ANE``) unless the fallback table puts it elsewhere. The "MLComputePlan High-Cost Ops" table names
+ops by index only and is not read.
 """
 
 from __future__ import annotations
@@ -43,14 +56,17 @@ _WEIGHT_BW_ANY = re.compile(r"^\s*Weight BW:")
 _WEIGHT_BW = re.compile(rf"^\s*Weight BW:\s+(?P<gbs>{NUMBER}) GB/s\b")
 _TYPE_HEADER = re.compile(r"^\s*Op Type\s+Count\s+ms/op\s+Total ms\s+GFLOP\s+GB/s\s+Share\s+Bound\s*$")
 _FALLBACK_HEADER = re.compile(r"^\s*Output Name\s+Op Type\s+Dev\s+Supported\s+Reason\s*$")
+_TOP_HEADER = re.compile(r"^\s*Op Name\s+Type\s+ms\s+MB\s+GB/s\s+Bound\s*$")
+_CONV_HEADER = re.compile(r"^\s*Name\s+ms\s+GFLOP/s\s+MB\s+GB/s\s+InCh\s+OutCh\s+WU%\s*$")
+MB = 10**6  # anemll-profile's MB: GB/s is printed as MB ÷ ms
 _RULE = re.compile(r"^[\s─═]+$")
 _SUPPORTED = re.compile(r"^(?:ANE|CPU|GPU)(?:,(?:ANE|CPU|GPU))*$")
 UNITS = {"CPU+ANE": "CPU_AND_NE", "All (CPU+GPU+ANE)": "ALL"}
 
 
 def detect(text: str) -> bool:
-    return any(_REPORT.match(line) for line in text.splitlines()) or (
-        any(_FALLBACK_HEADER.match(line) for line in text.splitlines()))
+    return any(_REPORT.match(line) or _FALLBACK_HEADER.match(line) or _TOP_HEADER.match(line)
+               for line in text.splitlines())
 
 
 def read(text: str, col: Collector, limits: PlanLimits) -> tuple[list[PlacedOp], dict]:
@@ -69,6 +85,10 @@ def read(text: str, col: Collector, limits: PlanLimits) -> tuple[list[PlacedOp],
             section = "types"
         elif _FALLBACK_HEADER.match(raw):
             section = "fallback"
+        elif _TOP_HEADER.match(raw):
+            section = "top_ops"
+        elif _CONV_HEADER.match(raw):
+            section = "conv_detail"
         elif _MEASURED_ANY.match(raw):
             m = _MEASURED.match(raw)
             if m is None:
@@ -91,8 +111,9 @@ def read(text: str, col: Collector, limits: PlanLimits) -> tuple[list[PlacedOp],
             row = _type_row(raw, line, col, limits)
             if row is not None:
                 times.append(row)
-        elif section == "fallback":
-            op = _fallback_row(raw, line, col, limits)
+        elif section in ("fallback", "top_ops", "conv_detail"):
+            row = {"fallback": _fallback_row, "top_ops": _top_row, "conv_detail": _conv_row}[section]
+            op = row(raw, line, col, limits)
             if op is not None:
                 ops.append(op)
     if measured is not None:
@@ -145,4 +166,46 @@ def _fallback_row(raw: str, line: int, col: Collector, limits: PlanLimits) -> Pl
         supported = tuple(dict.fromkeys(rest[0].split(",")))
         rest = rest[1:]
     reason = " ".join(rest) or None
-    return PlacedOp("", (name,), op_type, device, supported, None, reason, line, record)  # type: ignore[arg-type]
+    return PlacedOp("", (name,), op_type, device, supported, None, reason, line, record,  # type: ignore[arg-type]
+                    table="fallback")
+
+
+def _numbers(texts: list[str]) -> list[float] | None:
+    try:
+        values = [float(t) for t in texts]
+    except ValueError:
+        return None
+    return values if all(0 <= v < float("inf") for v in values) else None
+
+
+def _top_row(raw: str, line: int, col: Collector, limits: PlanLimits) -> PlacedOp | None:
+    record = _next(col, line, limits)
+    parts = raw.split()
+    if len(parts) != 6:
+        col.add(line, None, raw.strip(), "error", "a Top-N row has 6 fields: op name, type, ms, MB, GB/s, bound",
+                record=record)
+        return None
+    numbers = _numbers(parts[2:5])
+    if numbers is None:
+        col.add(line, None, raw.strip(), "error", "ms, MB and GB/s must be finite numbers >= 0", record=record)
+        return None
+    ms, mb, gbs = numbers
+    bound = None if parts[5] == "?" else parts[5]
+    return PlacedOp("", (parts[0],), parts[1], "ANE", (), None, None, line, record, table="top_ops",
+                    estimate_ms=ms, moved_bytes=round(mb * MB), bytes_per_s=gbs * 1e9, bound=bound)
+
+
+def _conv_row(raw: str, line: int, col: Collector, limits: PlanLimits) -> PlacedOp | None:
+    record = _next(col, line, limits)
+    parts = raw.split()
+    if len(parts) != 8 or not parts[7].endswith("%"):
+        col.add(line, None, raw.strip(), "error", "a Conv Detail row has 8 fields: name, ms, GFLOP/s, MB, GB/s, "
+                "InCh, OutCh, WU%", record=record)
+        return None
+    numbers = _numbers([parts[1], parts[3], parts[4]])
+    if numbers is None:
+        col.add(line, None, raw.strip(), "error", "ms, MB and GB/s must be finite numbers >= 0", record=record)
+        return None
+    ms, mb, gbs = numbers
+    return PlacedOp("", (parts[0],), "conv", "ANE", (), None, None, line, record, table="conv_detail",
+                    estimate_ms=ms, moved_bytes=round(mb * MB), bytes_per_s=gbs * 1e9)

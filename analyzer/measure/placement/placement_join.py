@@ -2,8 +2,11 @@
 
 By name: a plan op is the analysis op that has one of its output names (MIL ops are known by their outputs), and
 the op types must agree (``ios18.linear`` is ``linear``); anemll-profile's names cut to ``..suffix`` match the one
-op whose name ends that way. By order (a dump with no names): the plan's ops and the analysis's top-level
-non-constant ops are aligned by op type in program order (``difflib.SequenceMatcher``). Nothing is dropped: a plan
+op whose name ends that way, and a cut name several ops share matches none (listed as ambiguous). By order (a dump
+with no names): the plan's ops and the analysis's top-level non-constant ops are aligned by op type in program order
+(:mod:`name_match`). Rows of several tables naming one op (anemll-profile's Top-N, Conv Detail and fallback) are
+merged into that op's one record: the fallback row's device, the cost tables' time, bytes, bandwidth and bound; the
+op counts once in ``matched``. Nothing is dropped: a plan
 op that matches no op record, or matches one of another type, is listed in ``unmatched_plan`` with the reason; an
 analysis compute op the plan does not mention is listed in ``unmatched_analysis`` (for a plan that lists only the
 ops off the Neural Engine, those are counted on the Neural Engine instead, marked ``inferred``).
@@ -19,13 +22,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from difflib import SequenceMatcher
 from typing import Any
 
 from analyzer.analysis.accounting import CATEGORIES, OpBytes, split_by_bytes
 from analyzer.analysis.record import Analysis
 from analyzer.errors import QfoldError
-from analyzer.ir.coreai.dialect import kind_of
+from analyzer.measure.placement.name_match import UnmatchedPlanOp, by_name, by_order, is_compute
 from analyzer.measure.placement.plan_records import (
     DEVICES,
     NON_ANE,
@@ -37,20 +39,10 @@ from analyzer.measure.placement.plan_records import (
     bare_op_type,
 )
 
-NOT_COMPUTE = ("const", "coreai.create_token", "coreai.invoke")
-"""Op kinds that compute nothing on a device: a constant is data (MIL ``const``, Core AI ``coreai.constant``: the
-kind, :func:`analyzer.ir.coreai.dialect.kind_of`, not the type); a Core AI token only orders state accesses
-and an ``invoke`` only calls the body the walker inlines (the dialect's docstring: neither moves data).
-``constexpr_*`` ops (decompression at load time) are compute ops here only if the plan lists them; an unlisted one
-is not reported as unmatched."""
 NO_BYTES = "no_bytes"
 SHARE_BUCKETS: tuple[str, ...] = (*CATEGORIES, NO_BYTES, "unmatched")
 """``no_bytes``: cost of ops that move no bytes of their own (views); ``unmatched``: cost of plan ops (or op types)
 that match no op record."""
-
-
-def is_compute(op_type: str) -> bool:
-    return kind_of(op_type) not in NOT_COMPUTE and not op_type.startswith("constexpr_")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,22 +61,26 @@ class JoinedOp:
     inferred: bool
     bytes: OpBytes
     time_ms: float | None = None  # profiled time per decode token (bench profiles)
+    tables: tuple[str, ...] = ()  # the report's tables that name the op (plan_records.TABLES keys)
+    estimate_ms: float | None = None  # a cost model's estimated time (anemll-profile)
+    moved_bytes: int | None = None  # bytes the source says the op moves (not the analysis's ``bytes``)
+    bytes_per_s: float | None = None
+    bound: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "name": self.name, "type": self.op_type, "layer": self.layer,
                 "device": self.device, "supported": list(self.supported), "cost": self.cost_weight,
                 "reason": self.reason, "inferred": self.inferred, "bytes_per_token": self.bytes.total}
 
-
-@dataclass(frozen=True, slots=True)
-class UnmatchedPlanOp:
-    label: str  # the op's first output name, or its type and record for a dump without names
-    op_type: str
-    line: int | None
-    why: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.label, "type": self.op_type, "line": self.line, "why": self.why}
+    def matched_json(self) -> dict[str, Any]:
+        """The op as ``placement --json`` lists it in ``matched_ops``: where it ran and what the source measured or
+        estimated for it (None where the source gives nothing); ``time_basis`` says which time ``time_ms`` is."""
+        time_ms, basis = ((self.time_ms, "profiled, per decode token") if self.time_ms is not None else
+                          (self.estimate_ms, "cost-model estimate") if self.estimate_ms is not None else (None, None))
+        return {"index": self.index, "name": self.name, "type": self.op_type, "layer": self.layer,
+                "device": self.device, "tables": list(self.tables), "time_ms": time_ms, "time_basis": basis,
+                "bytes": self.moved_bytes, "bytes_per_s": self.bytes_per_s, "bound": self.bound,
+                "bytes_per_token": self.bytes.total}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +145,11 @@ class PlacementJoin:
             "plan": self.plan_file, "format": self.plan_format, "plan_function": self.plan_function,
             "function": self.analysis_function, "coverage": self.coverage, "matching": self.matching,
             "matched": self.n_matched,
+            "matched_ops": [op.matched_json() for op in self.matched if not op.inferred],
             "unmatched": {"plan_ops": [u.label for u in self.unmatched_plan],
                           "analysis_ops": list(self.unmatched_analysis)},
             "unmatched_plan_ops": [u.to_json() for u in self.unmatched_plan],
+            "ambiguous": [u.to_json() for u in self.unmatched_plan if u.ambiguous],
             "by_device": {d.device: d.to_json() for d in self.by_device},
             "unplaced_bytes_per_token": self.unplaced_bytes_per_token,
             "off_ane": [op.to_json() for op in self.off_ane],
@@ -194,12 +192,11 @@ def join_plan(plan: PlacementPlan, analysis: Analysis, function: str | None = No
     plan_ops = [op for op in plan.ops if chosen is None or op.function == chosen]
     ops = analysis.program.ops
     acct = analysis.account.ops
-    if plan.matching == "by_order":
-        pairs, unmatched = _by_order(plan_ops, analysis)
-    else:
-        pairs, unmatched = _by_name(plan_ops, analysis)
-    joined = {i: JoinedOp(i, ops[i].name, ops[i].type, ops[i].layer, p.preferred, p.supported, p.cost_weight,
-                          p.reason, False, acct[i], p.time_ms) for i, p in pairs}
+    pairs, unmatched = (by_order if plan.matching == "by_order" else by_name)(plan_ops, analysis)
+    rows: dict[int, list[PlacedOp]] = defaultdict(list)
+    for i, p in pairs:
+        rows[i].append(p)
+    joined = {i: _merged(i, analysis, found) for i, found in rows.items()}
     missing = [op.index for op in ops if is_compute(op.type) and op.index not in joined]
     notes = list(plan.notes)
     unmatched_analysis: tuple[str, ...] = ()
@@ -221,85 +218,20 @@ def join_plan(plan: PlacementPlan, analysis: Analysis, function: str | None = No
                          _shares(matched, unmatched, plan, plan_ops, analysis), tuple(notes))
 
 
-def _by_name(plan_ops: Sequence[PlacedOp], analysis: Analysis) -> tuple[list[tuple[int, PlacedOp]],
-                                                                         list[UnmatchedPlanOp]]:
-    ops = analysis.program.ops
-    by_output: dict[str, int] = {}
-    by_inputs: dict[tuple[str, tuple[str, ...]], list[int]] = defaultdict(list)  # ops without outputs
-    for op in ops:
-        for t in op.outputs:
-            by_output.setdefault(t.name, op.index)
-        if not op.outputs:
-            by_inputs[(op.type, tuple(sorted(r.tensor.name for r in op.inputs)))].append(op.index)
-    pairs: list[tuple[int, PlacedOp]] = []
-    unmatched: list[UnmatchedPlanOp] = []
-    taken: dict[int, str] = {}
-    cut: dict[str, list[PlacedOp]] = defaultdict(list)
+def _merged(i: int, analysis: Analysis, rows: Sequence[PlacedOp]) -> JoinedOp:
+    """One op record from the plan rows that name it (one per table): the device the compute plan or fallback
+    table gives wins over the cost model's Neural Engine; times, bytes and bound come from the first row with
+    them."""
+    op = analysis.program.ops[i]
+    placed = next((r for r in rows if r.table in (None, "fallback")), rows[0])
 
-    def take(index: int, p: PlacedOp) -> None:
-        if p.bare_type != ops[index].type:
-            unmatched.append(UnmatchedPlanOp(p.label, p.op_type, p.line, f"op type differs: the analysis has "
-                                             f"{ops[index].type} {ops[index].name!r}"))
-        elif index in taken:
-            unmatched.append(UnmatchedPlanOp(p.label, p.op_type, p.line, f"the op record {ops[index].name!r} is "
-                                             f"already joined to {taken[index]!r}"))
-        else:
-            taken[index] = p.label
-            pairs.append((index, p))
+    def first(field: str) -> Any:
+        return next((getattr(r, field) for r in rows if getattr(r, field) is not None), None)
 
-    for p in plan_ops:
-        index = next((by_output[n] for n in p.outputs if n in by_output), None)
-        if not p.outputs and p.inputs:
-            hits = [i for i in by_inputs.get((p.bare_type, tuple(sorted(p.inputs))), []) if i not in taken]
-            if hits:
-                take(hits[0], p)
-            else:
-                unmatched.append(UnmatchedPlanOp(p.label, p.op_type, p.line, "no op record without outputs reads "
-                                                 "these inputs"))
-        elif index is not None:
-            take(index, p)
-        elif p.outputs and p.outputs[0].startswith("..") and len(p.outputs[0]) > 2:
-            cut[p.outputs[0][2:]].append(p)
-        else:
-            unmatched.append(UnmatchedPlanOp(p.label, p.op_type, p.line, "no op record has this output name"))
-    suffixes = _suffix_index(by_output) if cut else {}
-    for tail, rows in cut.items():
-        hits = sorted(suffixes.get(tail, []))
-        alike = len({(r.bare_type, r.preferred, r.supported, r.reason) for r in rows}) == 1
-        if hits and len(hits) == len(rows) and alike:
-            for index, p in zip(hits, rows, strict=True):  # n identical rows, n ops with that tail: those ops
-                take(index, p)
-            continue
-        names = ", ".join(repr(ops[i].name) for i in hits[:3]) + (" …" if len(hits) > 3 else "")
-        why = ("no op record's name ends this way" if not hits else
-               f"the cut name ends {len(hits)} op records' names ({names}) and {len(rows)} row(s) have it")
-        unmatched += [UnmatchedPlanOp(p.label, p.op_type, p.line, why) for p in rows]
-    return pairs, unmatched
-
-
-def _suffix_index(by_output: dict[str, int]) -> dict[str, list[int]]:
-    """anemll-profile cuts names to their last 38 characters: every such tail → the ops it could be."""
-    out: dict[str, list[int]] = defaultdict(list)
-    for name, index in by_output.items():
-        if len(name) > 38 and index not in out[name[-38:]]:
-            out[name[-38:]].append(index)
-    return out
-
-
-def _by_order(plan_ops: Sequence[PlacedOp], analysis: Analysis) -> tuple[list[tuple[int, PlacedOp]],
-                                                                          list[UnmatchedPlanOp]]:
-    ops = [op for op in analysis.program.ops if op.parent is None and op.kind not in NOT_COMPUTE]
-    a_types = [op.type for op in ops]
-    p_types = [p.bare_type for p in plan_ops]
-    pairs: list[tuple[int, PlacedOp]] = []
-    used: set[int] = set()
-    for block in SequenceMatcher(None, p_types, a_types, autojunk=False).get_matching_blocks():
-        for k in range(block.size):
-            pairs.append((ops[block.b + k].index, plan_ops[block.a + k]))
-            used.add(block.a + k)
-    unmatched = [UnmatchedPlanOp(p.label, p.op_type, p.line, "no op of this type at this place in the program "
-                                 "order") for k, p in enumerate(plan_ops) if k not in used]
-    return pairs, unmatched
+    tables = tuple(dict.fromkeys(r.table for r in rows if r.table is not None))
+    return JoinedOp(i, op.name, op.type, op.layer, placed.preferred, placed.supported, placed.cost_weight,
+                    placed.reason, False, analysis.account.ops[i], first("time_ms"), tables, first("estimate_ms"),
+                    first("moved_bytes"), first("bytes_per_s"), first("bound"))
 
 
 def _totals(matched: Iterable[JoinedOp], plan: PlacementPlan) -> tuple[DeviceTotals, ...]:

@@ -63,6 +63,11 @@ class PlacedOp:
     record: int
     inputs: tuple[str, ...] = ()  # the names an op without outputs reads (write_state): how it is joined
     time_ms: float | None = None  # profiled time per decode token (qfold's bench profiles)
+    table: str | None = None  # which table of a report named it (anemll-profile: TABLES)
+    estimate_ms: float | None = None  # a cost model's estimated time of the op (anemll-profile's ms)
+    moved_bytes: int | None = None  # bytes the source says the op moves (anemll-profile's MB × 10^6)
+    bytes_per_s: float | None = None  # the source's bandwidth for the op (anemll-profile's GB/s × 10^9)
+    bound: str | None = None  # what the source says limits the op: "Memory", "Compute"
 
     @property
     def bare_type(self) -> str:
@@ -74,6 +79,11 @@ class PlacedOp:
         if self.outputs:
             return self.outputs[0]
         return f"{self.op_type}({', '.join(self.inputs)})" if self.inputs else f"{self.op_type} (record {self.record})"
+
+
+TABLES: dict[str, str] = {"top_ops": "Top N Most Expensive Operations", "conv_detail": "Conv Detail",
+                          "fallback": "CPU/GPU Fallback Ops"}
+"""anemll-profile's tables that name ops, by the key a :class:`PlacedOp` carries as ``table``."""
 
 
 @dataclass(frozen=True, slots=True)
