@@ -12,7 +12,17 @@ from pathlib import Path
 import streamlit as st
 
 from analyzer.errors import QfoldError, SourceError
-from analyzer.model.sources import AttentionGeometry, ModelSource, geometry_of, load_config, resolve_source, safe_label
+from analyzer.fsio import loads_strict
+from analyzer.model.sources import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    AttentionGeometry,
+    ModelSource,
+    geometry_of,
+    load_config,
+    resolve_source,
+    safe_label,
+)
 
 
 @st.cache_data(show_spinner="Reading the model config…", max_entries=32)
@@ -25,13 +35,17 @@ def resolve_preset(name: str, overrides: tuple[str, ...]) -> tuple[ModelSource, 
 def resolve_uploaded(data: bytes, file_name: str, overrides: tuple[str, ...]) -> tuple[ModelSource, AttentionGeometry]:
     """Parse the upload in memory; only a server-chosen name (a hash of the content) ever touches disk. The
     source is labelled by the file's name and model type (``my-llama-llama``; ``config.json`` → ``llama``), made
-    filesystem-safe: the name is a label, never a path."""
+    filesystem-safe: the name is a label, never a path. Parsed as strictly as the CLI reads a config.json
+    (``loads_strict``: no integer of more than 32 digits, no NaN or infinity), with the CLI's messages."""
     try:
-        raw = json.loads(data.decode("utf-8-sig"))
+        if len(data) > MAX_CONFIG_BYTES:
+            raise SourceError(f"{file_name}: {len(data):,} bytes, more than the {MAX_CONFIG_BYTES:,} this file may "
+                              "have")  # the CLI's words (fsio.read_bytes_bounded)
+        raw = loads_strict(data.decode("utf-8-sig"), file_name, MAX_CONFIG_DEPTH, SourceError)
     except UnicodeDecodeError as e:
         raise SourceError(f"{file_name}: not UTF-8 text (byte {e.start})") from e
     except json.JSONDecodeError as e:
-        raise SourceError(f"{file_name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+        raise SourceError(f"{file_name}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from e
     if not isinstance(raw, dict):
         raise SourceError(f"{file_name}: a config.json holds a JSON object, not a {type(raw).__name__}")
     with tempfile.TemporaryDirectory(prefix="qfold-upload-") as tmp:
