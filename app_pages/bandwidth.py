@@ -55,7 +55,13 @@ if bw.fixed_bytes_per_s is None:
                f"device without a usable fit uses {bw.label} ({fmt.md_text(bw.source)}).")
 else:
     st.caption(f"Predictions use **{bw.label}**: {fmt.md_text(bw.source)}.", help=bw.citation or None)
-result = logs_state.bandwidth_analysis(imported, graph, fixed_bw_bytes_per_s=bw.fixed_bytes_per_s, overhead=overhead)
+roofs = logs_state.roof_rows(imported, mapped)
+keep = st.toggle("Fit rows above their roof too", key="bw_keep_impossible",
+                 help="A decode row faster than its device's cited bandwidth ÷ the bytes its build must read per token "
+                      "is impossible there (a wrong build label, device or measurement): left out of the fits unless "
+                      "this is on.")
+result = logs_state.bandwidth_analysis(imported, graph, fixed_bw_bytes_per_s=bw.fixed_bytes_per_s, overhead=overhead,
+                                       roofs=roofs, keep_impossible=keep)
 fits, assumptions, report = result.fits, result.bandwidth, result.crosscheck
 frame = figures.bandwidth_frame(report)
 pairs = figures.pairs_frame(report)
@@ -94,7 +100,8 @@ for p in report.pairs:
 
 # ---------------------------------------------------------------------------------------------- chart
 st.subheader("Measured vs graph")
-st.plotly_chart(figures.bandwidth_figure(frame, figures.bandwidth_curves(bw.bytes_per_s, fits)), key="bw_chart")
+curves = figures.bandwidth_curves(bw.bytes_per_s, fits) + figures.roof_curves(roofs, list(frame["device"]))
+st.plotly_chart(figures.bandwidth_figure(frame, curves), key="bw_chart")
 st.markdown("The numbers of the charts on this page (filled markers: graph bytes; open markers: the bytes each "
             "measured tok/s implies at its device's bandwidth):")
 widgets.table_with_download(frame, "bw_builds_csv", "bandwidth_crosscheck.csv",
@@ -102,6 +109,16 @@ widgets.table_with_download(frame, "bw_builds_csv", "bandwidth_crosscheck.csv",
 if report.unmapped_builds:
     st.caption("Not on the chart (no analysis mapped, so no graph bytes): "
                f"{', '.join(map(fmt.md, report.unmapped_builds))}. Map them on the Device logs page.")
+roof_table = figures.roof_frame(roofs)
+flagged = roof_table[roof_table["flags"] != ""]
+above = int(roof_table["flags"].str.contains("above_roof").sum())
+(st.warning if above else st.caption)(
+    f"Roof check (dotted lines: each device's cited bandwidth ÷ bytes per token): {len(flagged)} of "
+    f"{int(roof_table['roof_tok_per_s'].notna().sum())} decode row(s) with a roof are flagged; {above} above their "
+    f"roof, {'fitted (the toggle above)' if keep else 'left out of the fits'}.")
+with_roof = roof_table[roof_table["roof_tok_per_s"].notna()]
+if len(with_roof):
+    widgets.table_with_download(with_roof, "bw_roof_csv", "roof_check.csv", max_height=260)
 uses: dict[str, list[str]] = {}
 for device, a in assumptions.items():
     extra = f" + {a.overhead_s * 1e3:.2f} ms/token" if a.overhead_s else ""

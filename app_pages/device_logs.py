@@ -11,9 +11,11 @@ import pandas as pd
 import streamlit as st
 
 from analyzer import fmt
+from analyzer.errors import QfoldError
 from analyzer.measure.logs import FORMATS, LogLimits, normalize_label, summarize
 from analyzer.measure.placement import FORMATS as PLAN_FORMATS
 from analyzer.measure.placement import parse_plan
+from analyzer.report import bandwidth_figures as figures
 from app_pages import analyses, logs_state, widgets
 from app_pages.session_keys import Key
 
@@ -181,3 +183,25 @@ for label in labels:
         st.caption("Mapped by you" + (f" (by its label it would be: {fmt.md(by_id[match.ref_id].label)})"
                                       if match.ref_id in by_id else f" (by its label: {fmt.md_text(match.reason)})")
                    + ".")
+
+# ---------------------------------------------------------------------------------------------- roof check
+st.subheader("Held against the roof")
+try:
+    roofs = figures.roof_frame(logs_state.roof_rows(imported, logs_state.mapped_analyses(mapping, refs)))
+except QfoldError as e:
+    widgets.error(e, "Cannot load a mapped analysis: ")
+    st.stop()
+with_roof = roofs[roofs["roof_tok_per_s"].notna()]
+st.caption("A decode row of a mapped build on a device with a cited bandwidth (analyzer/predict/device_profiles.csv) "
+           "cannot beat that bandwidth ÷ the bytes its build must read per token (weights + the KV read at the row's "
+           "context): `above_roof` rows are impossible there and left out of the fits; `far_below_roof` rows are "
+           f"under a tenth of it. {len(with_roof)} of {len(roofs)} row(s) have a roof; the others say why not below.")
+if len(with_roof):
+    widgets.table_with_download(with_roof, "logs_roof_csv", "roof_check.csv", max_height=300)
+for flag, shown in (("above_roof", st.error), ("far_below_roof", st.warning)):
+    n = int(roofs["flags"].str.contains(flag).sum())
+    if n:
+        shown(f"{n} row(s) `{flag}`: see their roof, bytes and bandwidth in the table.", icon=":material/speed:")
+with st.expander("Rows without a roof, and why"):
+    widgets.show_table(roofs[roofs["roof_tok_per_s"].isna()][["file", "line", "device", "build", "phase", "why"]],
+                       max_height=260)

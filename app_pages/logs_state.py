@@ -12,6 +12,8 @@ from analyzer.analysis.record import Analysis
 from analyzer.measure.logs import BuildDeviceSummary, LogImport, parse_logs, summarize
 from analyzer.measure.placement import is_plan
 from analyzer.predict.fit import BandwidthReport, bandwidth_report
+from analyzer.predict.profiles import load_profiles
+from analyzer.predict.roof_check import BuildBytes, RoofRow, check_rows, without_impossible
 from analyzer.report.assumptions import assumption_notes
 from analyzer.report.bandwidth_figures import bandwidth_curves, bandwidth_frame, pairs_frame
 from analyzer.report.bandwidth_setting import (
@@ -157,12 +159,21 @@ def graph_assumptions(mapping: dict[str, str | None], refs: Sequence[AnalysisRef
                  for note in assumption_notes(a))
 
 
+def roof_rows(imported: LogImport, mapped: dict[str, Analysis]) -> tuple[RoofRow, ...]:
+    """Every accepted row against its roof: the cited bandwidth of its device over the bytes the analysis its build
+    label is mapped to must read per token (the ``fit`` command's roof check)."""
+    builds = {label: BuildBytes.of_analysis(label, a) for label, a in mapped.items()}
+    return check_rows(imported.measurements, builds, load_profiles())
+
+
 def bandwidth_analysis(imported: LogImport, graph: dict[str, int], *, fixed_bw_bytes_per_s: float | None,
-                       overhead: bool) -> BandwidthReport:
+                       overhead: bool, roofs: Sequence[RoofRow] = (), keep_impossible: bool = False) -> BandwidthReport:
     """Fits per device, the bandwidth each device's predictions use, and the cross-check (the ``fit``
-    command's pipeline)."""
-    return bandwidth_report(imported.measurements, graph, fixed_bw_bytes_per_s=fixed_bw_bytes_per_s,
-                            overhead=overhead)
+    command's pipeline); rows above their roof (``roofs``) are left out unless ``keep_impossible``."""
+    measurements = imported.measurements
+    if roofs and not keep_impossible:
+        measurements, _ = without_impossible(measurements, roofs)
+    return bandwidth_report(measurements, graph, fixed_bw_bytes_per_s=fixed_bw_bytes_per_s, overhead=overhead)
 
 
 def bandwidth_section(refs: Sequence[AnalysisRef], bw: ResolvedBandwidth) -> BandwidthSection | None:
@@ -174,7 +185,7 @@ def bandwidth_section(refs: Sequence[AnalysisRef], bw: ResolvedBandwidth) -> Ban
     labels = list(dict.fromkeys(m.build for m in imported.measurements))
     mapping = log_mapping(labels, refs)
     result = bandwidth_analysis(imported, graph_bytes(mapping, refs), fixed_bw_bytes_per_s=bw.fixed_bytes_per_s,
-                                overhead=False)
+                                overhead=False, roofs=roof_rows(imported, mapped_analyses(mapping, refs)))
     return BandwidthSection(bandwidth_frame(result.crosscheck), pairs_frame(result.crosscheck),
                             bandwidth_curves(bw.bytes_per_s, result.fits), tuple(f.verdict for f in result.fits),
                             graph_assumptions(mapping, refs))

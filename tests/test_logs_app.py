@@ -5,7 +5,10 @@ A paste is read exactly as an upload: same detection, same per-row errors, and n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from tests.test_app import open_page, plain, texts
 
@@ -70,3 +73,31 @@ def test_a_pasted_placement_plan_goes_to_the_ab_page_not_the_log_importer(tiny_b
     plans = next(d.value for d in at.dataframe if "ops" in d.value.columns and "functions" in d.value.columns)
     assert plans.to_dict("records") == [{"file": "pasted text 1", "format": "anemll-profile", "accepted": True,
                                          "ops": 24, "functions": "", "errors": 0, "warnings": 0}]
+
+
+def test_both_pages_show_the_roof_flags_and_the_bandwidth_page_leaves_impossible_rows_out(tiny_builds):
+    """Rows of the write-up's top8 Q-fold label (it maps to the shipped analysis by itself) on an M1 Max's GPU: one
+    at 5,000 tok/s (no memory system streams ~1 GB that often), one at 1 tok/s (under a tenth of its roof)."""
+    log = ("device,build,tok_per_s,context_length,compute_units\n"
+           "Apple M1 Max,exaone-qfold-top8,5000,4096,GPU\nApple M1 Max,exaone-qfold-top8,1,4096,GPU\n"
+           "Apple M1 Max,exaone-repeat_kv-top8,150,4096,GPU\n")
+    at = paste(open_page(PAGE), log)
+    roofs = next(d.value for d in at.dataframe if "roof_tok_per_s" in d.value.columns)
+    assert list(roofs["flags"]) == ["above_roof", "far_below_roof", ""]
+    assert set(roofs["roof_profile"]) == {"m1-max-soc"} and set(roofs["roof_bw_bytes_per_s"]) == {400_000_000_000}
+    assert any("1 row(s) `above_roof`" in e for e in texts(at.error))
+    assert any("1 row(s) `far_below_roof`" in w for w in texts(at.warning))
+
+    at.switch_page("app_pages/bandwidth.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("1 above their roof, left out of the fits" in w for w in texts(at.warning))
+    crosscheck = next(d.value for d in at.dataframe if "measured tok/s" in d.value.columns)
+    qfold = crosscheck[crosscheck["build"] == "exaone-qfold-top8"]
+    assert list(qfold["n"]) == [1] and list(qfold["measured tok/s"]) == [1.0]  # the 5,000 tok/s row left out
+    chart = json.loads(at.get("plotly_chart")[0].proto.spec)
+    roof = next(t for t in chart["data"] if t["name"].startswith("roof Apple M1 Max"))
+    assert "m1-max-soc" in roof["name"] and roof["line"]["dash"] == "dot"
+    assert roof["y"][0] == pytest.approx(400e9 / (roof["x"][0] * 1e6))  # tok/s = BW ÷ bytes along the line
+    at.toggle(key="bw_keep_impossible").set_value(True).run()
+    crosscheck = next(d.value for d in at.dataframe if "measured tok/s" in d.value.columns)
+    assert list(crosscheck[crosscheck["build"] == "exaone-qfold-top8"]["n"]) == [2]

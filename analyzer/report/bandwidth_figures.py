@@ -15,6 +15,7 @@ from analyzer import fmt
 from analyzer.fmt import MB
 from analyzer.predict.bandwidth_model import DEFAULT_MAX_RESIDUAL_PCT
 from analyzer.predict.fit import BandwidthFit
+from analyzer.predict.roof_check import RoofRow
 from analyzer.report.figures import CATEGORY_COLORS, COLOR_A, COLOR_B, DEVICE_COLORS, style
 
 BANDWIDTH_COLUMNS = ("build", "device", "n", "measured_tok_per_s", "graph_bytes_per_token",
@@ -141,3 +142,29 @@ def bandwidth_curves(bw_bytes_per_s: float, fits: Sequence[BandwidthFit]) -> tup
             curves.append(BandwidthCurve(f"fit {fmt.plot_text(f.device)}: {fmt.bandwidth(f.bw_bytes_per_s)}{extra}",
                                          f.bw_bytes_per_s, max(f.overhead_s, 0.0), dash="dash", color="#888"))
     return tuple(curves)
+
+
+ROOF_COLUMNS = ("file", "line", "device", "build", "phase", "context_length", "tok_per_s", "roof_tok_per_s",
+                "roof_bytes_per_token", "roof_bw_bytes_per_s", "roof_profile", "flags", "why")
+
+
+def roof_frame(rows: Sequence[RoofRow]) -> pd.DataFrame:
+    """One row per log row held against its roof (``analyzer.predict.roof_check``): the roof, the bytes and the
+    bandwidth it used, the flags (``above_roof``, ``far_below_roof``) and how the roof was found or why none."""
+    frame = pd.DataFrame([{**{c: getattr(r, c) for c in ROOF_COLUMNS if c != "flags"}, "flags": ", ".join(r.flags)}
+                          for r in rows], columns=list(ROOF_COLUMNS))
+    for c in ("context_length", "roof_bytes_per_token", "roof_bw_bytes_per_s"):
+        frame[c] = frame[c].astype("Int64")
+    return frame
+
+
+def roof_curves(rows: Sequence[RoofRow], devices: Sequence[str] = ()) -> tuple[BandwidthCurve, ...]:
+    """One dotted line per device whose rows have a roof: tok/s = its cited bandwidth ÷ bytes per token (the
+    fastest any build can run there), in the colour of the device's points (``devices``: the chart's order); a
+    device held against two profiles (two compute units) gets both."""
+    order = list(dict.fromkeys([*devices, *(r.device for r in rows)]))
+    seen = dict.fromkeys((r.device, r.roof_profile, r.roof_bw_bytes_per_s) for r in rows
+                         if r.roof_bw_bytes_per_s is not None)
+    return tuple(BandwidthCurve(f"roof {fmt.plot_text(device)}: {fmt.bandwidth(float(bw))} ({profile})", float(bw),
+                                dash="dot", color=DEVICE_COLORS[order.index(device) % len(DEVICE_COLORS)])
+                 for device, profile, bw in seen)
