@@ -354,3 +354,35 @@ def test_a_plans_function_is_chosen_with_plan_function_and_the_analysis_function
     code, out, _ = _cli(["diff", str(REPEAT_KV), str(QFOLD), "--plan", f"A={plan}", "--plan", f"B={plan}",
                          "--plan-function", "A=another-build", "--json"], capsys)
     assert code == 0 and json.loads(out)["placement"]["a"]["plan"] == "bench_profile_small.json"
+
+
+# ------------------------------------------------------------------------------------- Core AI's inspect, segments
+def test_coreai_build_inspects_summary_is_read_by_its_documented_fields_and_places_nothing(qfold):
+    plan = read("coreai_inspect_tiny.json")
+    assert (plan.format, plan.accepted, plan.coverage, plan.ops, plan.functions, plan.compute_types) == (
+        "coreai-build-inspect", True, "op_counts", (), ("main",), ("f16",))
+    counts = dict(plan.op_counts)
+    assert (counts["coreai.broadcast_in_dims"], counts["coreai.slice_update"], sum(counts.values())) == (4, 4, 250)
+    ((function, inputs, outputs, states),) = plan.signatures
+    assert function == "main"
+    assert [s[0] for s in states] == ["k_cache_0", "v_cache_0", "k_cache_1", "v_cache_1"]
+    assert inputs[0] == ("input_ids", "tensor<1x1xsi32>") and outputs == (("logits", "tensor<1x1x1000xf16>"),)
+    j = join_plan(plan, qfold)  # a Core ML analysis: no coreai.* op agrees, and nothing is placed either way
+    assert (j.n_matched, j.matched, j.segments, j.to_json()["segments"]) == (0, (), None, None)
+    assert "gives no regions" in j.segments_why and any("0 of 22 operation counts agree" in n for n in j.notes)
+    text = (DATA / "coreai_inspect_tiny.json").read_text()
+    bad = read("x.json", text.replace('"count" : 25,', '"count" : -25,'))
+    (error,) = bad.errors
+    assert bad.accepted and error.line == text[: text.index('"coreai.cast"')].count("\n") + 1  # its name's line
+    assert "coreai.cast" not in dict(bad.op_counts) and len(bad.op_counts) == 21
+
+
+def test_segments_are_the_runs_of_neural_engine_and_gpu_ops_in_program_order(qfold):
+    one = join_plan(parse_plan(plan_bytes(qfold, all_ane), "a.json"), qfold)
+    assert (one.segments.total, dict(one.segments.by_device)) == (1, {"ANE": 1, "GPU": 0})
+    cut = join_plan(parse_plan(plan_bytes(qfold, slice_update_on_cpu), "b.json"), qfold)
+    devices = [slice_update_on_cpu(op.type) for op in qfold.program.ops if is_compute(op.type)]
+    runs = sum(1 for k, d in enumerate(devices) if d == "ANE" and (k == 0 or devices[k - 1] != "ANE"))
+    assert runs > 30 and cut.segments.total == runs  # each cache write on the CPU cuts the Neural Engine's run
+    assert cut.to_json()["segments_by_device"] == {"ANE": runs, "GPU": 0}
+    assert cut.to_json()["segments_basis"].startswith("derived: runs of compute ops")

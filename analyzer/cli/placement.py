@@ -21,8 +21,8 @@ OFF_ANE_SHOWN = 20
 def add_parser(sub) -> None:
     p = sub.add_parser("placement", help="join a compute plan / profiler report to an analysis: ops per device")
     p.add_argument("plan", help="qfold compute-plan JSON (scripts/macos/profile_coreml.py), a qfold bench profile "
-                                "(bench --profile-out), anemll-profile report, CoreMLInspect or coreml_profiling "
-                                "output (recognised by content)")
+                                "(bench --profile-out), coreai-build inspect --ops --json, anemll-profile report, "
+                                "CoreMLInspect or coreml_profiling output (recognised by content)")
     p.add_argument("analysis", help="build folder, analysis.json, .mlpackage or .aimodel")
     p.add_argument("--function", metavar="F", help="the function of the analysis (a multi-function package) to "
                                                    "join (default: its default function)")
@@ -98,6 +98,14 @@ def print_join(j: PlacementJoin) -> None:
         print(f"  plan {u.label} ({u.op_type}{f', line {u.line}' if u.line else ''}): {u.why}")
     for name in j.unmatched_analysis[:OFF_ANE_SHOWN]:
         print(f"  analysis {name}: not in the plan")
+    if j.segments is not None:
+        by = ", ".join(f"{d} {n}" for d, n in j.segments.by_device)
+        print(f"\nsegments: {j.segments.total} ({by}; {j.segments_why})")
+    else:
+        print(f"\nsegments: not given ({j.segments_why})")
+    if j.op_counts:
+        print(fmt.table([(n, p, a, "" if p == a else "differs") for n, p, a in j.op_counts],
+                        ("operation", "plan count", "analysis count", "")))
     for note in j.notes:
         print(f"note: {note}")
 

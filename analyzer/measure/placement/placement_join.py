@@ -110,6 +110,27 @@ class CategoryShare:
     basis: str
 
 
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """The Neural Engine and GPU regions of a placement: maximal runs of compute ops on one of them in program order
+    (a constant or an op the plan gives no device does not cut a run; an op on another device does)."""
+
+    total: int
+    by_device: tuple[tuple[str, int], ...]  # ("ANE", n), ("GPU", m)
+
+
+def segments_of(matched: Sequence[JoinedOp]) -> Segments:
+    runs: dict[str, int] = {"ANE": 0, "GPU": 0}
+    current: str | None = None
+    for op in sorted(matched, key=lambda o: o.index):
+        if op.device is None:
+            continue
+        if op.device != current and op.device in runs:
+            runs[op.device] += 1
+        current = op.device
+    return Segments(sum(runs.values()), tuple(runs.items()))
+
+
 @dataclass(frozen=True)
 class PlacementJoin:
     plan_file: str
@@ -125,6 +146,9 @@ class PlacementJoin:
     unplaced_bytes_per_token: int  # bytes of the analysis's compute ops the join could not place
     category_shares: tuple[CategoryShare, ...]
     notes: tuple[str, ...]
+    segments: Segments | None = None  # None: the plan gives no placement in program order (``segments_why``)
+    segments_why: str = ""
+    op_counts: tuple[tuple[str, int, int], ...] = ()  # (operation name, the plan's count, the analysis's)
 
     @property
     def n_matched(self) -> int:
@@ -155,6 +179,10 @@ class PlacementJoin:
             "off_ane": [op.to_json() for op in self.off_ane],
             "share_by_category": [{"category": s.category, "amount": s.amount, "share": s.share, "basis": s.basis}
                                   for s in self.category_shares],
+            "segments": None if self.segments is None else self.segments.total,
+            "segments_by_device": None if self.segments is None else dict(self.segments.by_device),
+            "segments_basis": self.segments_why,
+            "op_counts": [{"operation": n, "plan": p, "analysis": a} for n, p, a in self.op_counts],
             "notes": list(self.notes),
         }
 
@@ -200,6 +228,8 @@ def join_plan(plan: PlacementPlan, analysis: Analysis, function: str | None = No
     missing = [op.index for op in ops if is_compute(op.type) and op.index not in joined]
     notes = list(plan.notes)
     unmatched_analysis: tuple[str, ...] = ()
+    if plan.coverage == "op_counts":
+        return _counts_join(plan, analysis, chosen, notes)
     if plan.coverage == "off_ane_only":
         for i in missing:
             joined[i] = JoinedOp(i, ops[i].name, ops[i].type, ops[i].layer, "ANE", (), None, None, True, acct[i])
@@ -213,9 +243,34 @@ def join_plan(plan: PlacementPlan, analysis: Analysis, function: str | None = No
     matched = tuple(joined[i] for i in sorted(joined))
     if chosen is not None and chosen != analysis.function:
         notes.append(f"the plan's function {chosen!r} is joined to the analysis's {analysis.function!r}")
+    placed = any(op.device is not None for op in matched)
+    why = ("the plan puts no op on a device: no regions to count" if not placed else
+           "derived: runs of compute ops on the Neural Engine or the GPU in program order"
+           + (", the ops the report does not list counted on the Neural Engine" if plan.coverage == "off_ane_only"
+              else ""))
     return PlacementJoin(plan.file_name, plan.format, chosen, analysis.function, plan.coverage, plan.matching,
                          matched, tuple(unmatched), unmatched_analysis, _totals(matched, plan), unplaced,
-                         _shares(matched, unmatched, plan, plan_ops, analysis), tuple(notes))
+                         _shares(matched, unmatched, plan, plan_ops, analysis), tuple(notes),
+                         segments_of(matched) if placed else None, why)
+
+
+def _counts_join(plan: PlacementPlan, analysis: Analysis, chosen: str | None, notes: list[str]) -> PlacementJoin:
+    """A plan that counts ops per name and places none: its counts beside the analysis's, nothing placed."""
+    ops = analysis.program.ops
+    have: dict[str, int] = defaultdict(int)
+    for op in ops:
+        have[op.type] += 1
+    counts = []
+    for name, n in plan.op_counts:
+        mine = name if name in have else f"coreai.{name}"  # the summary may name ops without their dialect
+        counts.append((name, n, have.get(mine, 0)))
+    differ = [c for c in counts if c[1] != c[2]]
+    notes.append(f"{len(counts) - len(differ)} of {len(counts)} operation counts agree with the analysis's op types"
+                 + (f"; differ: {', '.join(f'{n} {p} vs {a}' for n, p, a in differ[:8])}" if differ else ""))
+    unplaced = sum(analysis.account.ops[op.index].total for op in ops if is_compute(op.type))
+    return PlacementJoin(plan.file_name, plan.format, chosen, analysis.function, plan.coverage, plan.matching, (),
+                         (), (), _totals((), plan), unplaced, (), tuple(notes), None,
+                         "coreai-build inspect's summary gives no regions", tuple(counts))
 
 
 def _merged(i: int, analysis: Analysis, rows: Sequence[PlacedOp]) -> JoinedOp:

@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 import analyzer.measure.placement.anemll_profile as anemll_profile  # modules, not the package: no import circle
 import analyzer.measure.placement.bench_profile as bench_profile
+import analyzer.measure.placement.coreai_inspect as coreai_inspect
 import analyzer.measure.placement.plan_dumps as plan_dumps
 import analyzer.measure.placement.plan_json as plan_json
 from analyzer.errors import QfoldError
@@ -40,6 +41,9 @@ _SPECS = (
     PlanFormatSpec("qfold-bench-profile", "qfold bench --profile-out (the Core AI runtime's profiler: per op, time "
                    "per decode token)", lambda text: text.lstrip().startswith("{") and '"targets"' in text
                    and '"time_ms"' in text and '"machine"' in text),
+    PlanFormatSpec("coreai-build-inspect", "xcrun coreai-build inspect ASSET --ops --json (a Core AI asset's "
+                   "summary: ops per operation name, functions, states, inputs and outputs; no placement)",
+                   coreai_inspect.detect),
     PlanFormatSpec("anemll-profile", "anemll-profile's report (Op-Type Runtime Breakdown, Measured, CPU/GPU "
                    "Fallback Ops)", anemll_profile.detect),
     PlanFormatSpec("coremlinspect", "CoreMLInspect's dump ('0.17% G|CN var_145 = ios16.mul(…)')",
@@ -71,8 +75,8 @@ def parse_plan(data: bytes, name: str, limits: PlanLimits = DEFAULT_PLAN_LIMITS)
         fmt = plan_format(text)
         if fmt is None:
             raise RejectError("not a placement plan: expected qfold's compute-plan JSON, a qfold bench profile "
-                              "(bench --profile-out), anemll-profile's report, CoreMLInspect's dump or "
-                              "coreml_profiling's 'operation …, device …, cost …' lines")
+                              "(bench --profile-out), coreai-build inspect --ops --json, anemll-profile's report, "
+                              "CoreMLInspect's dump or coreml_profiling's 'operation …, device …, cost …' lines")
         plan = _read(fmt, text, col, limits)
     except RejectError as e:
         issue = LogIssue(col.file_name, e.line, e.column, preview(e.value), "error", e.message)
@@ -102,6 +106,14 @@ def _read(fmt: str, text: str, col: Collector, limits: PlanLimits) -> dict:
         return {"ops": tuple(ops), **meta,
                 "notes": ("a bench profile: every op ran on the CPU (the Core AI runtime here), timed by its "
                           "profiler",)}
+    if fmt == "coreai-build-inspect":
+        doc = _json(text, col)
+        if not coreai_inspect.looks_like(doc):
+            raise RejectError(f"a JSON document whose {coreai_inspect.KEY!r} is not a list of operation counts")
+        meta = coreai_inspect.read(doc, col, limits, _key_lines(text, "operationName"))
+        return {**meta, "coverage": "op_counts",
+                "notes": ("coreai-build inspect counts ops per operation name and places none on a compute unit (no "
+                          "Core AI API says where an op ran): nothing is joined per op, and no segments are given",)}
     if fmt == "anemll-profile":
         ops, meta = anemll_profile.read(text, col, limits)
         return {"ops": tuple(ops), "coverage": "off_ane_only", "compute_units": meta["compute_units"],

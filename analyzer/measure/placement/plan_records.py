@@ -18,10 +18,11 @@ from analyzer.measure.logs import LogIssue
 Device = Literal["ANE", "GPU", "CPU"]
 DEVICES: tuple[Device, ...] = ("ANE", "GPU", "CPU")
 NON_ANE: tuple[Device, ...] = ("GPU", "CPU")
-Coverage = Literal["every_op", "off_ane_only"]
+Coverage = Literal["every_op", "off_ane_only", "op_counts"]
 """``every_op``: the plan lists every op it placed (an op it does not list is unmatched). ``off_ane_only``: the
 plan lists only the ops *not* on the Neural Engine (anemll-profile's fallback table); the analysis's other compute
-ops are counted on the Neural Engine, and the join says so."""
+ops are counted on the Neural Engine, and the join says so. ``op_counts``: the plan counts ops per name and places
+none (``coreai-build inspect``): the join compares the counts and places nothing."""
 Matching = Literal["by_name", "by_order"]
 """``by_name``: ops carry their output names (joined by name, op type as a check). ``by_order``: the dump names no
 outputs (``operation ios17.conv, device …``), so ops are aligned by program order and op type."""
@@ -130,6 +131,9 @@ class PlacementPlan:
     n_records: int = 0
     issues: tuple[LogIssue, ...] = ()
     notes: tuple[str, ...] = ()  # what the reader could not take from the format, said once
+    op_counts: tuple[tuple[str, int], ...] = ()  # ops per operation name (coreai-build inspect)
+    signatures: tuple[tuple, ...] = ()  # (function, inputs, outputs, states), each value (name, type name)
+    compute_types: tuple[str, ...] = ()
 
     @property
     def errors(self) -> tuple[LogIssue, ...]:
