@@ -22,7 +22,7 @@ Contract (scripts depend on these names):
   bench TARGET [TARGET ...] [--steps N] [--rounds R] [--warmup W] [--label L ...] [--out log.csv]
         [--profile-out P.json] [--json]      TARGET: a Core AI build folder or .aimodel
                                           --label default: the build's label (as the dashboard shows it)
-  fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--json]
+  fit LOG [LOG ...] [--build LABEL=BUILD_PATH ...] [--bw BYTES_PER_S] [--overhead] [--keep-impossible] [--json]
   sweep --model M [--model M2 ...] --ctx 512,1024 --variant repeat_kv,qfold [--compression SPEC ...]
         [--phase decode,prefill] [--q-len N] [--structure] [--set K=V ...] [--address ADDR] --out TABLE.csv
                                       last stdout line: the table
