@@ -13,6 +13,9 @@ Contract (scripts depend on these names):
   placement PLAN ANALYSIS [--function F] [--plan-function P] [--json]
   graph A [B] [--layer N|outside] [--function NAME] --out FILE.svg|FILE.dot [--no-collapse]
                                       last stdout line: the file written
+  explore TARGET [TARGET_B] [--function F] [--shape N=D,...] [--plan A=PLAN] [--plan B=PLAN] [--out DIR]
+          [--port P] [--no-browser]      Model Explorer: --out writes the files and prints the command that opens
+                                      them; otherwise serves them on 127.0.0.1:P (8080) until Ctrl-C, URL on stdout
   fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
   fold IN.aimodel OUT.aimodel [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
                                           IN: also a Core AI build folder (its model.aimodel)
@@ -41,7 +44,7 @@ from analyzer.errors import QfoldError
 
 # Every subcommand, in --help order: a module ``analyzer.cli.<name>`` with ``add_parser(subparsers)`` that sets
 # ``func``. Imported by name: a broken subcommand is an error, never silently missing.
-COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "placement", "graph", "fold", "run", "bench", "fit",
+COMMANDS: tuple[str, ...] = ("build", "inspect", "diff", "placement", "graph", "explore", "fold", "run", "bench", "fit",
                              "sweep",
                              "compression", "reanalyze", "presets", "builds")
 

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_diff)
 
 
-def _sides(values: list[str], flag: str, what: str) -> dict[str, str]:
+def side_values(values: list[str], flag: str, what: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for v in values:
         side, sep, value = v.partition("=")
@@ -45,7 +45,7 @@ def _sides(values: list[str], flag: str, what: str) -> dict[str, str]:
 
 
 def _plans(values: list[str]) -> dict[str, str]:
-    out = _sides(values, "--plan", "PLAN")
+    out = side_values(values, "--plan", "PLAN")
     if out and set(out) != {"A", "B"}:
         raise QfoldError("--plan: give both A=PLAN and B=PLAN (the placement section compares the two)")
     return out
@@ -115,7 +115,7 @@ def print_diff(d: ABDiff) -> None:
 
 def cmd_diff(args) -> int:
     plans = _plans(args.plan)
-    plan_functions = _sides(args.plan_function, "--plan-function", "P")
+    plan_functions = side_values(args.plan_function, "--plan-function", "P")
     if plan_functions and not plans:
         raise QfoldError("--plan-function: give --plan A=PLAN --plan B=PLAN too")
     side_a, side_b = load_for_cli(args.a, args), load_for_cli(args.b, args)
