@@ -101,7 +101,6 @@ def cmd_explore(args) -> int:
     serve = args.out is None and mx.explorer_installed()
     if serve:
         mx.check_port(args.port)  # before the work: a busy port is an error at once
-    _say(f"reading {args.a}" + (f" and {args.b}" if args.b else ""))
     side_a = _analyses(args.a, args)
     side_b = _analyses(args.b, args) if args.b else None
     check_shape_names(args, *(x.program for x in (*side_a, *(side_b or ()))))

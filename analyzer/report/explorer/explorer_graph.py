@@ -268,7 +268,7 @@ def side_graph(analysis: Analysis, graph_id: str, ids: Mapping[int, str], status
         if t.name in producers:
             i, k = producers[t.name]
             out_edges.append({"sourceNodeId": ids[i], "sourceNodeOutputId": str(k), "targetNodeInputId": str(pos)})
-    nodes.append({"id": OUTPUTS_NODE, "label": OUTPUTS_NODE, "namespace": "", "incomingEdges": out_edges,
+    nodes.append({"id": OUTPUTS_NODE, "label": OUTPUTS_NODE, "namespace": "", "attrs": [], "incomingEdges": out_edges,
                   "inputsMetadata": [{"id": str(pos), "attrs": [_kv("tensor_name", t.name), *_tensor_attrs(t)]}
                                      for pos, t in enumerate(program.outputs)]})
     call = analysis.call

@@ -28,8 +28,8 @@ from analyzer.report.explorer.explorer_bundle import HOST, Bundle
 
 PACKAGE = "ai-edge-model-explorer"
 VERSION = "0.1.34"
-INSTALL_LINE = (f'pip install "{PACKAGE}=={VERSION}" "numpy==2.3.5" "torch==2.13.0"   # one pip run, so numpy and '
-                "torch stay at qfold's pins")
+# numpy and torch in the same pip run, so they stay at qfold's pins
+INSTALL_LINE = f'pip install "{PACKAGE}=={VERSION}" "numpy==2.3.5" "torch==2.13.0"'
 READY_TIMEOUT_S = 90
 HEALTH_TEXT = "model_explorer_ok"  # what its /check_health answers
 NO_OUTSIDE = "http://127.0.0.1:9"  # the discard port: nothing listens, so a request through it fails at once
