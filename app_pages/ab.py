@@ -30,6 +30,7 @@ from analyzer.report.messages import for_ui
 from app_pages import (
     analyses,
     bandwidth_control,
+    explorer_tab,
     graph_view,
     jobs_state,
     logs_state,
@@ -328,6 +329,8 @@ with t_place:
 with t_graph:
     if t_graph.open:
         joins, _ = placement_tab.placement_joins((analysis_a, analysis_b), placement_tab.session_plans())
+        explorer_tab.section(ref_a, ref_b, label_a, label_b, tuple(joins))
+        st.divider()
         graph_view.ab_section(ref_a, ref_b, label_a, label_b, devices=tuple(pf.op_devices(j) for j in joins))
 
 with st.expander("Headline numbers as a table"):

@@ -363,3 +363,26 @@ def test_hostile_names_are_data_in_every_file_and_the_url(pair, tmp_path):
     assert not set(url.partition("?")[2]) & set("<>\"' []()\\"), url
     assert json.loads(unquote(url.partition("?data=")[2]))["uiState"]["paneStates"][0]["selectedCollectionLabel"] \
         == f"A: {label}"
+
+
+def test_a_placement_plan_puts_device_and_cost_on_each_op(pair, tiny_builds, tmp_path, capsys):
+    from tests.placement_plans import plan_bytes, slice_update_on_cpu
+
+    plan = tmp_path / "a.plan.json"
+    plan.write_bytes(plan_bytes(pair[0], slice_update_on_cpu))
+    code, lines, _ = _run(["explore", str(tiny_builds["repeat_kv"]), str(tiny_builds["qfold"]), "--plan",
+                           f"A={plan}", "--out", str(tmp_path / "mx")], capsys)
+    assert code == 0 and any(line.startswith(f"A: plan {plan.name}: ") for line in lines)
+    device = json.loads((tmp_path / "mx" / "a.device.json").read_text())["A:main"]
+    assert not (tmp_path / "mx" / "b.device.json").exists()
+    graph = json.loads((tmp_path / "mx" / "a.graph.json").read_text())["graphs"][0]
+    types_by_id = {n["id"]: n["label"] for n in graph["nodes"]}
+    on_cpu = {types_by_id[k] for k, v in device["results"].items() if v["value"] == "CPU"}
+    assert on_cpu == {"slice_update"} and device["showExpandedSummaryOnGroupNode"] is True
+    assert {v["bgColor"] for v in device["results"].values() if v["value"] == "CPU"} == {"#F58518"}
+    update = next(n for n in graph["nodes"] if n["label"] == "slice_update")
+    attrs = {kv["key"]: kv["value"] for kv in update["attrs"]}
+    assert attrs["device"] == "CPU" and float(attrs["cost_weight"]) > 0
+    code, _, err = _run(["explore", str(tiny_builds["qfold"]), "--plan", f"B={plan}", "--out", str(tmp_path / "x")],
+                        capsys)
+    assert code == 1 and err == ["error: --plan B=…: give TARGET_B too"]
