@@ -55,13 +55,8 @@ def _say(msg: str) -> None:
 
 def _analyses(path: str, args) -> tuple[Analysis, ...]:
     shapes = shapes_of(args)
-    found = (load_analysis(path, args.function, shapes=shapes),) if args.function else \
+    return (load_analysis(path, args.function, shapes=shapes),) if args.function else \
         load_analyses(path, shapes=shapes)
-    for a in found:
-        problem = mx.graph_problem(a.program)
-        if problem is not None:
-            raise QfoldError(f"{a.file or path}: cannot make a graph: {problem}")
-    return found
 
 
 def _side(path: str, analyses: tuple[Analysis, ...], plan: str | None) -> mx.ExploreSide:

@@ -36,7 +36,7 @@ from analyzer.compare.structdiff import Status, structural_diff
 from analyzer.errors import QfoldError
 from analyzer.fsio import write_text_atomic
 from analyzer.measure.placement import PlacementJoin
-from analyzer.report.explorer.explorer_graph import SideGraph, side_graph
+from analyzer.report.explorer.explorer_graph import SideGraph, graph_problem, side_graph
 from analyzer.report.explorer.explorer_overlays import side_overlays
 
 SIDES = ("a", "b")
@@ -178,6 +178,11 @@ def build_bundle(a: ExploreSide, b: ExploreSide | None = None,
     """The files for A (and B): graphs, overlays and, for a pair, the mapping."""
     say = progress or (lambda _msg: None)
     sides = [a] if b is None else [a, b]
+    for side in sides:
+        for analysis in side.analyses:
+            problem = graph_problem(analysis.program)
+            if problem is not None:
+                raise QfoldError(f"{analysis.file or side.source or side.label}: cannot make a graph: {problem}")
     ids: list[dict[str, dict[int, str]]] = [{} for _ in sides]
     status: list[dict[str, dict[int, Status]]] = [{} for _ in sides]
     verdicts: list[tuple[str, str]] = []
