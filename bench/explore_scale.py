@@ -46,6 +46,21 @@ def seventy_pair(root: Path) -> tuple[Path, Path]:
     return a, b
 
 
+def root_groups(page, panel) -> list[str]:
+    """Every row of the side panel's root-level table (50 a page: the pages are turned)."""
+    names: list[str] = []
+    for _ in range(20):
+        rows = panel.locator("table").nth(1).locator("tr").all_inner_texts()[1:]
+        new = [n for n in (r.split("\t")[1].strip() for r in rows) if n not in names]
+        if not new:
+            break
+        names += new
+        page.wait_for_timeout(200)
+        panel.locator("paginator").first.get_by_text("chevron_right").click()
+        page.wait_for_timeout(500)
+    return names
+
+
 def measure(name: str, a_path: Path, b_path: Path) -> dict:
     t0 = time.perf_counter()
     a, b = load_analysis(a_path), load_analysis(b_path)
@@ -66,9 +81,7 @@ def measure(name: str, a_path: Path, b_path: Path) -> dict:
                 page.goto(instance.url)
                 page.get_by_text("Root-level nodes stats").nth(1).wait_for(timeout=DRAW_TIMEOUT_MS)
                 drawn = time.perf_counter() - start
-                panel = page.locator("node-data-provider-summary-panel").first
-                rows = panel.locator("table").nth(1).locator("tr").all_inner_texts()[1:]
-                groups = [r.split("\t")[1].strip() for r in rows]
+                groups = root_groups(page, page.locator("node-data-provider-summary-panel").first)
                 page.screenshot(path=str(RESULTS.with_name(f"explore_scale-{name}.png")))
                 browser.close()
         finally:
@@ -86,9 +99,11 @@ def measure(name: str, a_path: Path, b_path: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seventy", nargs=2, metavar=("A", "B"), help="the 70B-class structure pair's build folders")
+    ap.add_argument("--skip-full-size", action="store_true", help="measure the 70B-class pair only")
     args = ap.parse_args()
-    rows = [measure("full-size default", *FULL_SIZE)]
-    print(json.dumps(rows[-1]), flush=True)
+    rows = [] if args.skip_full_size else [measure("full-size default", *FULL_SIZE)]
+    if rows:
+        print(json.dumps(rows[-1]), flush=True)
     if args.seventy:
         a70, b70 = map(Path, args.seventy)
         rows.append(measure("llama-3.1-70b structure", a70, b70))
@@ -96,6 +111,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="qfold-explore-70b-") as tmp:
             rows.append(measure("llama-3.1-70b structure", *seventy_pair(Path(tmp))))
     print(json.dumps(rows[-1]), flush=True)
+    if RESULTS.is_file():  # keep earlier runs of the other pair
+        rows += [r for r in json.loads(RESULTS.read_text())["runs"] if r["pair"] not in {x["pair"] for x in rows}]
     RESULTS.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": {
         "cpus": os.cpu_count(), "python": platform.python_version()}, "runs": rows}, indent=1) + "\n")
     print(RESULTS)

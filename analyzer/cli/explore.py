@@ -12,6 +12,7 @@ Ctrl-C.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import tempfile
@@ -85,6 +86,12 @@ def _mapping_hint(bundle: mx.Bundle, folder: Path) -> None:
               "\"Upload mapping from computer\" loads it")
 
 
+def _graphical() -> bool:
+    """A desktop to open a browser on (without one, Python's webbrowser would start a text browser in this
+    terminal)."""
+    return sys.platform == "darwin" or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 def _interrupt(_signum, _frame) -> None:
     raise KeyboardInterrupt
 
@@ -115,7 +122,7 @@ def cmd_explore(args) -> int:
         print(f"Model Explorer serves {len(bundle.files)} files from a temporary folder (removed at exit); "
               "Ctrl-C stops it")
         print(instance.url, flush=True)
-        if not args.no_browser:
+        if not args.no_browser and _graphical():
             webbrowser.open_new_tab(instance.url)
         code = instance.wait()
         raise QfoldError(f"Model Explorer exited with {code}")
