@@ -56,7 +56,8 @@ def root_groups(page, panel) -> list[str]:
             break
         names += new
         page.wait_for_timeout(200)
-        panel.locator("paginator").first.get_by_text("chevron_right").click()
+        # the page button's icon sits under the panel's header: its click is dispatched, not aimed
+        panel.locator("paginator").first.get_by_text("chevron_right").dispatch_event("click")
         page.wait_for_timeout(500)
     return names
 
@@ -82,7 +83,8 @@ def measure(name: str, a_path: Path, b_path: Path) -> dict:
                 page.get_by_text("Root-level nodes stats").nth(1).wait_for(timeout=DRAW_TIMEOUT_MS)
                 drawn = time.perf_counter() - start
                 groups = root_groups(page, page.locator("node-data-provider-summary-panel").first)
-                page.screenshot(path=str(RESULTS.with_name(f"explore_scale-{name}.png")))
+                slug = "-".join(name.split()[:1])  # "full-size", "llama-3.1-70b"
+                page.screenshot(path=str(RESULTS.with_name(f"explore_scale-{slug}.png")))
                 browser.close()
         finally:
             instance.stop()
