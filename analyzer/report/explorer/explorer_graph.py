@@ -31,7 +31,7 @@ from analyzer.analysis.accounting import ATTRIBUTE_PARAMS, CATEGORIES
 from analyzer.analysis.record import Analysis
 from analyzer.compare.structdiff import Status, home_layers, is_const_like
 from analyzer.ir.mil_records import MilProgram, OpRecord
-from analyzer.ir.opfacts import tile_facts
+from analyzer.ir.opfacts import copy_facts
 from analyzer.ir.replication import IndexCache, classify_copy
 from analyzer.measure.placement import JoinedOp, PlacementJoin
 from analyzer.report.figures import OUTSIDE_LAYERS as OUTSIDE
@@ -132,7 +132,7 @@ def _shape(t) -> str:
 
 def copy_verdict(program: MilProgram, op: OpRecord, consumers, cache: IndexCache) -> str:
     """The replication classifier's decision on a copy, with its reason (``analyzer.ir.replication``)."""
-    facts = tile_facts(program.ops, consumers, op)
+    facts = copy_facts(program.ops, consumers, op)
     if isinstance(facts, str):
         return f"not KV replication: {facts}"
     verdict = classify_copy(facts, cache)
