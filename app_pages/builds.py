@@ -189,7 +189,7 @@ with st.container(border=True):
             if compression != "none":
                 spec_text = canonical_spec(compression, resolved[1].num_layers)
             if backend == COREAI:
-                require_coreai()  # where Core AI is not installed: the line that installs it
+                require_coreai(compression=spec_text is not None)  # not installed here: the install line
             specs = tuple(BuildSpec(resolved[0], v, kv_mode, int(ctx), spec_text, phase=phase,
                                     q_len=1 if phase == "decode" else q_len, build_mode=mode, backend=backend,
                                     weights=weights) for v in variants)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from analyzer.analysis.byte_account import CATEGORIES, DEFAULT_WEIGHT_CHARGE, OpBytes, WeightCharge
+from analyzer.ir.coreai.dialect import PER_CALL_DECOMPRESSION
 from analyzer.ir.mil_records import VIEW_OPS, InputRef, MilProgram, OpRecord
 
 # Parameters that are attributes of the op rather than data it streams (MIL op definitions, coremltools
@@ -54,6 +55,13 @@ class ByteContext:
             return "kv" if _KV_INPUT.search(ref.tensor.name) else "act"
         return self.origin.get(ref.producer, "act")
 
+    def load_time(self, op: OpRecord) -> bool:
+        """Whether ``op`` decompresses a weight once, at load, for this account: Core ML's ``constexpr_*`` ops
+        always; Core AI's decompression ops (run on every call: ``dialect.PER_CALL_DECOMPRESSION``) only with the
+        ``decompressed`` weight charge, which charges every compressed weight as decompressed once at load."""
+        return op.type.startswith("constexpr_") or (self.weight_charge == "decompressed"
+                                                     and op.type in PER_CALL_DECOMPRESSION)
+
     def weight_bytes(self, ref: InputRef, seen: frozenset[int] = frozenset()) -> int:
         """Bytes of the constant data behind an input, as the weight charge counts them: as stored, or for a
         compressed weight with ``decompressed`` the dense tensor; 0 for attributes, scalars and zero consts."""
@@ -66,17 +74,39 @@ class ByteContext:
             if producer.const_zero or len(ref.tensor.shape) == 0 or ref.tensor.dtype == "string":
                 return 0
             return producer.const_bytes
-        if producer.type.startswith("constexpr_") and producer.index not in seen:
+        if self.load_time(producer) and producer.index not in seen:
             if self.weight_charge == "decompressed" and not seen:
-                return ref.tensor.nbytes or 0  # the dense tensor Core ML makes at load time
+                return ref.tensor.nbytes or 0  # the dense tensor made at load time
             # a compressed weight: everything stored that the decompression reads
             return sum(self.weight_bytes(r, seen | {producer.index}) for r in producer.inputs)
+        return 0
+
+    def stored_bytes(self, ref: InputRef, seen: frozenset[int] = frozenset()) -> int:
+        """Bytes the program stores for the weight behind an input, whatever the weight charge: a constant's own,
+        or everything stored that its decompression (``constexpr_*`` or Core AI's per-call ops, and the casts
+        between them) reads; 0 for attributes, scalars and zero consts."""
+        if ref.producer is None or ref.param in ATTRIBUTE_PARAMS:
+            return self.weight_bytes(ref)
+        producer = self.op(ref.producer)
+        if producer.kind == "const":
+            return self.weight_bytes(ref)
+        if producer.index not in seen and is_decompression(producer, self.program):
+            return sum(self.stored_bytes(r, seen | {producer.index}) for r in producer.inputs)
         return 0
 
     def is_weight(self, ref: InputRef) -> bool:
         if ref.is_const:
             return True
-        return ref.producer is not None and self.op(ref.producer).type.startswith("constexpr_")
+        return ref.producer is not None and self.load_time(self.op(ref.producer))
+
+
+def is_decompression(op: OpRecord, program: MilProgram) -> bool:
+    """A ``constexpr_*`` op, a Core AI decompression op, or a cast inside a chain of them (coreai-opt casts a
+    quantized LUT's dense output to float before scaling it)."""
+    if op.type.startswith("constexpr_") or op.type in PER_CALL_DECOMPRESSION:
+        return True
+    return op.kind == "cast" and any(r.producer is not None and program.ops[r.producer].type in PER_CALL_DECOMPRESSION
+                                     for r in op.inputs)
 
 
 # ------------------------------------------------------------------------------------------------- rules
@@ -155,6 +185,26 @@ class ConstexprRule(ByteRule):
     @classmethod
     def account(cls, op, ctx):
         return _op_bytes(op, cls.name, _empty())
+
+
+@register_rule(*sorted(PER_CALL_DECOMPRESSION))
+class DecompressRule(ByteRule):
+    """Core AI's weight decompression (``lut_to_dense``, ``blockwise_shift_scale``, ...), which Apple's runtime runs
+    on every call (``analyzer.ir.coreai.dialect``): reads what is stored (indices, LUT, scales, offsets: ``weights``,
+    as stored; a zero offset is free) and writes the dense weight (``activations``), which the op that reads the
+    weight reads again (``activations``). With the ``decompressed`` weight charge it is done once at load instead:
+    free, and its reader is charged the dense tensor as ``weights`` (``ByteContext.load_time``)."""
+
+    name = "decompress"
+
+    @classmethod
+    def account(cls, op, ctx):
+        counts = _empty()
+        if ctx.load_time(op):
+            return _op_bytes(op, cls.name, counts)
+        _charge_reads(op.inputs, ctx, counts)
+        counts["activations"] += op.output_bytes
+        return _op_bytes(op, cls.name, counts)
 
 
 @register_rule(*sorted(VIEW_OPS), "read_state")
@@ -259,7 +309,8 @@ class TileRule(ByteRule):
 class GatherRule(ByteRule):
     """Reads its indices and, from a constant table (an embedding), only the gathered rows: the stored
     table bytes × rows gathered / rows in the table (for a palettized table, the same share of indices
-    and LUT). Writes the gathered rows."""
+    and LUT); from a table Core AI decompresses on every call, the same share of the dense table (activations;
+    the decompression itself is charged the whole table, :class:`DecompressRule`). Writes the gathered rows."""
 
     name = "gather"
 
@@ -269,7 +320,10 @@ class GatherRule(ByteRule):
         table = next((r for r in op.inputs if r.param == "x"), None)
         indices = next((r for r in op.inputs if r.param == "indices"), None)
         fraction = 1.0
-        if table is not None and ctx.is_weight(table) and indices is not None and table.tensor.shape:
+        # a table decompressed on every call (Core AI): the gather still reads only its rows of the dense table
+        per_call = (table is not None and table.producer is not None
+                    and ctx.op(table.producer).type in PER_CALL_DECOMPRESSION and not ctx.is_weight(table))
+        if table is not None and (ctx.is_weight(table) or per_call) and indices is not None and table.tensor.shape:
             rows = table.tensor.shape[0] or 1
             n_idx = 1
             for d in indices.tensor.shape:
@@ -277,7 +331,9 @@ class GatherRule(ByteRule):
             fraction = min(1.0, n_idx / rows)
         if table is not None and ctx.is_weight(table):
             counts["weights"] += round(ctx.weight_bytes(table) * fraction)
-        _charge_reads((r for r in op.inputs if r is not table or not ctx.is_weight(r)), ctx, counts)
+        elif per_call:
+            counts["activations"] += round((table.tensor.nbytes or 0) * fraction)
+        _charge_reads((r for r in op.inputs if r is not table or not (ctx.is_weight(r) or per_call)), ctx, counts)
         counts["activations"] += op.output_bytes
         return _op_bytes(op, cls.name, counts)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer import fmt
-from analyzer.analysis.byte_rules import ByteContext
+from analyzer.analysis.byte_rules import ByteContext, is_decompression
 from analyzer.ir.mil_records import MilProgram, OpRecord
 
 # Consumers whose const input is a weight matrix (param names from the MIL op definitions).
@@ -70,17 +70,19 @@ class StoredWeight:
     parts: tuple[str, ...]  # ("attn",), ("embed", "lm_head") for a tied table, ("other",) when unplaced
     layer: int | None
     scheme: str  # "fp16", "pal4", "int8", "pal4+int8" (a quantized LUT), ...
-    op_type: str  # the op that yields it: "const" or a "constexpr_*"
+    op_type: str  # the op that yields it: "const" / "coreai.constant", a "constexpr_*", a Core AI decompression
     readers: tuple[str, ...]
     shape: tuple[int | None, ...]
     dense_fp16_bytes: int
     stored_bytes: int
     lut_groups: int | None = None  # palettized: LUTs along the output channels
     group_channels: int | None = None  # palettized: output channels per LUT
+    granularity: str = ""  # "per-channel", "per-block 1x32", "per-tensor", "per-grouped-channel 16" (compressed)
+    stored_dtypes: str = ""  # the stored parts' dtypes, e.g. "indices uint4, lut fp16" or "data int8, scale fp16"
 
     @property
     def compressed(self) -> bool:
-        return self.op_type.startswith("constexpr_")
+        return self.op_type not in ("const", "coreai.constant")
 
     @property
     def bits_per_weight(self) -> float | None:
@@ -97,6 +99,9 @@ class StoredWeight:
         if self.lut_groups is not None:
             row["lut_groups"] = self.lut_groups
             row["group_channels"] = self.group_channels
+        if self.compressed:
+            row["granularity"] = self.granularity
+            row["stored_dtypes"] = self.stored_dtypes
         return row
 
 
@@ -153,58 +158,118 @@ class CompressionReport:
                 "total": self.total.to_json(), "compressed_count": self.compressed_count}
 
 
-def _scheme_of(op: OpRecord) -> str:
-    """The scheme a ``constexpr_*`` op stores, read from its inputs' dtypes."""
-    inputs = {r.param: r.tensor for r in op.inputs}
-    if op.type == "constexpr_lut_to_dense":
+_LUT_OPS = ("constexpr_lut_to_dense", "coreai.lut_to_dense")
+_SHIFT_SCALE_OPS = ("constexpr_blockwise_shift_scale", "constexpr_affine_dequantize", "coreai.blockwise_shift_scale",
+                    "coreai.dequantize")
+_OFFSETS = ("offset", "zero_point", "offset1", "offset2")
+_SKIP_IN_DTYPES = ("axis", "vector_axis")
+
+
+def _scheme_of(op: OpRecord, program: MilProgram) -> str:
+    """The scheme a decompression op stores, read from its inputs' dtypes (``pal4``, ``int8``, ``int8:asym``)."""
+    inputs = {r.param: r for r in op.inputs}
+    if op.type in _LUT_OPS:
         idx = inputs.get("indices")
-        bits = re.fullmatch(r"u?int(\d+)", idx.dtype) if idx is not None else None
+        bits = re.fullmatch(r"u?int(\d+)", idx.tensor.dtype) if idx is not None else None
         return f"pal{bits.group(1)}" if bits else "lut"
-    if op.type in ("constexpr_blockwise_shift_scale", "constexpr_affine_dequantize"):
+    if op.type in _SHIFT_SCALE_OPS:
         data = inputs.get("data") or inputs.get("quantized_data")
-        name = data.dtype if data is not None else "int"
-        return name + ("" if "offset" not in inputs and "zero_point" not in inputs else ":asym")
-    return op.type.removeprefix("constexpr_")
+        name = data.tensor.dtype if data is not None else "int"
+        # an offset that is a zero constant (Core AI states offset1 and offset2 even when symmetric) is no offset
+        offset = [r for p, r in inputs.items() if p in _OFFSETS[:3]
+                  and not (r.producer is not None and program.ops[r.producer].const_zero)]
+        return name + (":asym" if offset else "")
+    return op.type.removeprefix("constexpr_").removeprefix("coreai.")
+
+
+def _chain(op: OpRecord, program: MilProgram) -> list[OpRecord]:
+    """The decompression ops behind a weight, outermost first, casts between them left out (a quantized LUT:
+    ``blockwise_shift_scale`` then ``lut_to_dense``)."""
+    out, todo = [], [op]
+    while todo:
+        cur = todo.pop(0)
+        if cur.kind != "cast":
+            out.append(cur)
+        todo += [program.ops[r.producer] for r in cur.inputs
+                 if r.producer is not None and is_decompression(program.ops[r.producer], program)]
+    return out
+
+
+def _granularity(chain: list[OpRecord], shape: tuple[int | None, ...]) -> tuple[str, int | None, int | None]:
+    """(granularity text, LUT groups, output channels per LUT) of a compressed weight, from its LUT's or scale's
+    shape against the weight's: one LUT/scale per block of ``weight dim / table dim`` along each axis."""
+    for op in chain:
+        table = next((r.tensor for r in op.inputs if r.param in ("lut", "scale")), None)
+        if table is None or not table.shape:
+            continue
+        dims = table.shape[:-2] if op.type in _LUT_OPS else table.shape
+        if len(dims) != len(shape) or any(d is None for d in (*dims, *shape)):
+            return "", None, None
+        per_axis = [(s // d if d else 0) for s, d in zip(shape, dims, strict=True)]
+        split = [i for i, d in enumerate(dims) if d and d > 1]
+        groups = math.prod(d or 1 for d in dims)
+        if op.type in _LUT_OPS:
+            if not split:
+                return "per-tensor", groups, None
+            if len(split) == 1:
+                return f"per-grouped-channel {per_axis[split[0]]}", groups, per_axis[split[0]]
+            return "per-block " + "x".join(map(str, per_axis)), groups, None
+        if not split:
+            return "per-tensor", None, None
+        if len(split) == 1 and per_axis[split[0]] == 1:
+            return "per-channel", None, None
+        return "per-block " + "x".join(map(str, per_axis)), None, None
+    return "", None, None
+
+
+def _stored_dtypes(chain: list[OpRecord], program: MilProgram) -> str:
+    parts = []
+    for op in reversed(chain):  # innermost first: indices and LUT, then the scale applied to them
+        for r in op.inputs:
+            if r.param in _SKIP_IN_DTYPES or r.producer is None or program.ops[r.producer].kind != "const":
+                continue
+            if program.ops[r.producer].const_zero and r.param in _OFFSETS:
+                continue
+            parts.append(f"{r.param} {r.tensor.dtype}")
+    return ", ".join(parts)
 
 
 def compression_report(program: MilProgram) -> CompressionReport:
-    """Every weight of a walked program as stored: name, part, layer, scheme (from the ``constexpr_*`` op
-    type and its inputs' dtypes; the dtype for a plain const), dense fp16 bytes vs stored bytes, and LUT groups
-    for palettized weights. The stored bytes are those the byte account charges with the ``compressed``
-    weight charge."""
+    """Every weight of a walked program as stored: name, part, layer, scheme (from the decompression op —
+    Core ML's ``constexpr_*`` or Core AI's ``lut_to_dense`` / ``blockwise_shift_scale`` — and its inputs' dtypes; the
+    dtype for a plain const), dense fp16 bytes vs stored bytes, granularity (LUT groups or scale blocks) and stored
+    dtypes. The stored bytes are what the program stores, whatever the weight charge (``ByteContext.stored_bytes``)."""
     ctx = ByteContext(program)
     ops = program.ops
     consumers = program.consumers()
     seen: dict[str, StoredWeight] = {}
     for op in ops:
-        if op.kind == "const" or op.type.startswith("constexpr_"):
+        if op.kind == "const" or is_decompression(op, program):
             continue
         for ref in op.inputs:
             if ref.producer is None or ref.tensor.name in seen:
                 continue
             producer = ops[ref.producer]
-            compressed = producer.type.startswith("constexpr_")
+            compressed = is_decompression(producer, program)
             if not compressed and (producer.kind != "const" or ref.param not in WEIGHT_PARAMS.get(op.kind, ())
                                    or len(ref.tensor.shape) < 2):
                 continue
             readers = tuple(sorted({ops[c].kind for c in consumers[producer.index]}))
-            where = weight_part(ref.tensor.name, readers)
+            chain = _chain(producer, program) if compressed else []
+            name = ref.tensor.name
+            if chain:  # a Core AI compressed weight is known by its stored constants (the asset names no values)
+                stored = next((r for r in chain[-1].inputs if r.param in ("indices", "data") and r.producer is not None
+                               and ops[r.producer].kind == "const"), None)
+                name = name if producer.type.startswith("constexpr_") or stored is None else stored.tensor.name
+            where = weight_part(name, readers)
             parts, layer = where if where is not None else (("other",), None)
-            chain = [producer]
-            while chain[-1].type.startswith("constexpr_"):  # nested constexprs (e.g. a quantized LUT)
-                inner = [ops[r.producer] for r in chain[-1].inputs
-                         if r.producer is not None and ops[r.producer].type.startswith("constexpr_")]
-                if not inner:
-                    break
-                chain.append(inner[0])
-            lut = next((r.tensor for r in producer.inputs if r.param == "lut"), None)
-            lut_groups = lut.shape[0] if producer.type == "constexpr_lut_to_dense" and lut and lut.shape else None
+            granularity, lut_groups, group_channels = _granularity(chain, ref.tensor.shape)
             seen[ref.tensor.name] = StoredWeight(
-                name=ref.tensor.name, parts=parts, layer=layer,
-                scheme="+".join(_scheme_of(p) for p in chain) if compressed else ref.tensor.dtype,
-                op_type=producer.type, readers=readers, shape=ref.tensor.shape,
-                dense_fp16_bytes=math.prod(d or 0 for d in ref.tensor.shape) * 2, stored_bytes=ctx.weight_bytes(ref),
-                lut_groups=lut_groups or None,
-                group_channels=(ref.tensor.shape[0] or 0) // lut_groups if lut_groups else None,
+                name=name, parts=parts, layer=layer,
+                scheme="+".join(_scheme_of(p, program) for p in chain) if compressed else ref.tensor.dtype,
+                op_type=chain[0].type if chain else producer.type, readers=readers, shape=ref.tensor.shape,
+                dense_fp16_bytes=math.prod(d or 0 for d in ref.tensor.shape) * 2, stored_bytes=ctx.stored_bytes(ref),
+                lut_groups=lut_groups or None, group_channels=group_channels if lut_groups else None,
+                granularity=granularity, stored_dtypes=_stored_dtypes(chain, program) if chain else "",
             )
     return CompressionReport(tuple(seen.values()))

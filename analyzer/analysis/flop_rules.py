@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from analyzer.analysis.compression import weight_part
+from analyzer.ir.coreai.dialect import PER_CALL_DECOMPRESSION
 from analyzer.ir.layer_order import projection_ops
 from analyzer.ir.mil_records import VIEW_OPS, InputRef, MilProgram, OpRecord
 
@@ -47,6 +48,9 @@ class FlopContext:
         if ref.is_const or hops > _MAX_HOPS:
             return ref if ref.is_const else None
         producer = self.op(ref.producer) if ref.producer is not None else None
+        if producer is not None and producer.type in PER_CALL_DECOMPRESSION:  # a compressed weight: its stored data
+            x = next((r for r in producer.inputs if r.param in ("indices", "data")), None)
+            return None if x is None else self._weight_source(x, hops + 1)
         if producer is None or producer.kind not in ("transpose", "cast", *VIEW_OPS):
             return None
         x = next((r for r in producer.inputs if r.param == "x"), None)
@@ -377,7 +381,20 @@ MOVEMENT_OPS = (
     "upsample_nearest_neighbor", "constexpr_lut_to_dense", "constexpr_blockwise_shift_scale",
     "constexpr_affine_dequantize", "constexpr_symmetric_dequantize", "constexpr_sparse_to_dense", "constexpr_cast",
     "constexpr_sparse_blockwise_shift_scale", "constexpr_lut_to_sparse", *sorted(VIEW_OPS),
+    "coreai.lut_to_dense", "coreai.build_sparse_with_bitmask", "coreai.sparse_with_bitmask_to_dense",
 )
+
+
+@register_flop_rule("coreai.blockwise_shift_scale", "coreai.dequantize")
+class DequantizeRule(FlopRule):
+    """Core AI's per-call dequantization, ``scale · (data − offset1) + offset2``: 3 FLOPs per output element
+    (other). Its LUT counterpart ``lut_to_dense`` is a lookup: 0 FLOPs (:class:`MovementRule`)."""
+
+    name = "dequantize"
+
+    @classmethod
+    def count(cls, op, ctx):
+        return {"other": 3 * _out_elements(op, ctx)}
 
 
 @register_flop_rule(*MOVEMENT_OPS)

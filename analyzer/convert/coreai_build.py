@@ -20,6 +20,10 @@ Build modes (``--weights fp16`` or ``fp32`` either way):
 
 * ``materialised`` (a Core AI build's default: Core AI's runtime runs on Linux, so its asset is made to be run and
   timed): seeded random or safetensors weights, ``model.aimodel`` kept;
+With ``--compression SPEC`` (materialised only, ``analyzer.model.backends``) the converted program is compressed
+with coreai-opt before it is saved (``analyzer.convert.compress.coreai_apply``), a tied embedding first untied in
+torch when the spec gives embed and lm_head different schemes, as for Core ML.
+
 * ``analysis``: the model's weights are fp16 zero-stride views of one constant per tensor
   (``analyzer.model.valuefree``, as for Core ML); coreai-torch stores each as a splat constant, so the asset is a
   few hundred KB whatever the model, and the conversion needs a fraction of the memory
@@ -35,8 +39,9 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from analyzer.convert.compress.coreai_apply import compress_coreai_program
 from analyzer.convert.launch import ASSET_NAME
-from analyzer.convert.modes import _analyses, _describe, _torch_checks, make_step
+from analyzer.convert.modes import _analyses, _describe, _plan, _torch_checks, _untie_if_needed, make_step
 from analyzer.convert.progress import Clock, emit, peak_rss_bytes
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.model.backends import TORCH_DTYPES, require_coreai
@@ -109,7 +114,7 @@ def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, tota
     is shared."""
     import torch
 
-    require_coreai()
+    require_coreai(compression=any(s.compression for s in group))
     import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
 
     src, weights = group[0].source, group[0].weights
@@ -128,8 +133,11 @@ def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, tota
     together = [s.key for s in group]
     for i, spec in enumerate(group):
         clock = Clock()
+        plan = _plan(spec, geometry.num_layers)  # check_backend refuses compression in analysis mode
+        untied = False
         if model is None:
             model = clock("build_model_s", build_model, src, getattr(torch, TORCH_DTYPES[weights]))
+            untied = _untie_if_needed(model, plan, copy_values=True)  # before the layout: lm_head gets its own
             clock("pretranspose_s", pretranspose_linears_, model)  # analyzer.model.linear_layout: why
         (phase,) = phases_of(spec.phase)  # check_backend refuses decode+prefill
         base = (done + i) / total
@@ -140,6 +148,9 @@ def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, tota
         emit(base + 0.4 / total, "convert", "converting to Core AI (coreai-torch TorchConverter)")
         program = clock("convert_s", to_program, ep, step)
         del ep, step
+        if plan is not None:
+            emit(base + 0.5 / total, "compress", f"compressing weights with coreai-opt: {spec.compression}")
+            clock("compress_s", compress_coreai_program, program, plan)
         if not value_free:  # the program holds its own copy of the weights: the torch copy goes before the save
             model = None
             gc.collect()
@@ -155,5 +166,5 @@ def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, tota
             shutil.rmtree(asset)
         checks = clock("equivalence_wait_s", _torch_checks, spec, equivalences, [phase])
         timings = {**shared.timings, **clock.timings}
-        yield spec, _analyses(spec, geometry, [walked], timings, equivalences, checks, False, together,
+        yield spec, _analyses(spec, geometry, [walked], timings, equivalences, checks, untied, together,
                               None if value_free else asset, peak_rss_bytes())

@@ -113,7 +113,7 @@ def run_builds(specs: list[BuildSpec] | tuple[BuildSpec, ...], root: str | Path 
     missing = [s for s in dict.fromkeys(specs) if not is_complete(root / s.key)]
     for s in missing:
         if s.backend != COREML:
-            require_coreai()
+            require_coreai(compression=bool(s.compression))
         check_request(load_config(s.source), s.ctx, force_ctx=force_ctx, mode=s.build_mode, backend=s.backend,
                       weights=s.weights)
     for source in dict.fromkeys(s.source for s in missing):  # an A/B's variants share one source: read it once

@@ -143,7 +143,7 @@ def _analyses(spec: BuildSpec, geometry, programs, timings: dict[str, float], eq
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         spec=stored,
         geometry=geometry,
-        versions={**tool_versions(), **(coreai_versions() if spec.backend == COREAI else {})},
+        versions={**tool_versions(), **(coreai_versions(bool(spec.compression)) if spec.backend == COREAI else {})},
         timings_s=timings,
         peak_rss_bytes=peak_rss,
         package_bytes=(sum(f.stat().st_size for f in package.rglob("*") if f.is_file())

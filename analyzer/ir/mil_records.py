@@ -14,7 +14,7 @@ from analyzer.ir.coreai.dialect import kind_of
 
 # Bits per element of MIL dtypes (proto enum names, lower-cased without the FLOAT/INT spelling).
 DTYPE_BITS: dict[str, int] = {
-    "fp16": 16, "fp32": 32, "fp64": 64, "bf16": 16, "fp8e4m3fn": 8, "fp8e5m2": 8,
+    "fp16": 16, "fp32": 32, "fp64": 64, "bf16": 16, "fp8e4m3fn": 8, "fp8e5m2": 8, "fp8e8m0fnu": 8, "fp4e2m1fn": 4,
     "int1": 1, "int2": 2, "int3": 3, "int4": 4, "int6": 6, "int8": 8, "int16": 16, "int32": 32, "int64": 64,
     "uint1": 1, "uint2": 2, "uint3": 3, "uint4": 4, "uint6": 6, "uint8": 8, "uint16": 16, "uint32": 32,
     "uint64": 64, "bool": 8,

@@ -4,8 +4,12 @@ converts (``BuildSpec.__post_init__`` calls :func:`check_backend`), and Core AI'
 Core AI builds (``--backend coreai``) take the same model sources, variants, KV modes and phases' decode or prefill
 step as Core ML builds; they do not take:
 
-* ``--compression``: coremltools.optimize compresses Core ML programs only; Core AI's own compression is the
-  coreai-opt package, which qfold does not pin;
+* ``--compression`` in analysis mode: Core AI builds compress with coreai-opt (``analyzer.convert.compress.
+  coreai_apply``), which computes LUTs and scales from the weights' values; value-free weights hold one value per
+  tensor, so the asset would not be the one a materialised build stores, op for op (a uniform LUT over one value
+  divides by max − min = 0), and the build is refused with that reason (Core AI builds are materialised by default);
+* a compression scheme coreai-opt cannot express (:func:`coreai_opt_refusal`: a palette width outside its
+  ``n_bits``, a quantization it has no pass for), named with the part and layers it covers;
 * ``--phase decode+prefill``: one asset per phase (build decode and prefill separately);
 * ``--weights fp32`` is Core AI only: a Core ML build always computes in fp16 (``compute_precision`` FLOAT16).
 
@@ -23,6 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from analyzer.errors import QfoldError
+from analyzer.model.compress_spec import LAYER_PARTS, format_layers, parse_spec
 
 # Where a build's program runs (part of the key when not the default): Core ML (coremltools, an .mlpackage) or
 # Core AI (coreai-torch from torch.export, an .aimodel asset). Analyses written before backends existed are Core ML.
@@ -41,7 +46,16 @@ COREAI_INSTALL = ("pip install -r requirements.txt (coreai-core==1.0.0b3 and cor
 
 COREAI_ONLY_VARIANTS = {"sdpa_gqa": "coremltools 9.0 ignores scaled_dot_product_attention's enable_gqa (its "
                                     "translation needs as many KV heads as query heads)"}
-COREAI_PACKAGES = ("coreai-core", "coreai-torch")
+COREAI_PACKAGES = ("coreai-core", "coreai-torch", "coreai-opt")
+COREAI_OPT_INSTALL = ("pip install -r requirements.txt (coreai-opt==0.4.0, which pins coreai-core==1.0.0b3 and "
+                      "coreai-torch==0.4.3; install it in the same pip run as torch==2.13.0 and numpy==2.3.5)")
+# What coreai-opt 0.4.0 can store (coreai_opt/coreai_utils/passes/): palettize_weights takes n_bits in
+# {1, 2, 3, 4, 6, 8} (weight_palettization._VALID_N_BITS) with PER_GROUPED_CHANNEL LUTs of any group size;
+# quantize_weights stores int8 (and int2/int4/uint*/fp8/fp4, weight_quantization._VALID_WEIGHT_DTYPES) per channel or
+# per block. qfold's schemes map to: palettize → palettize_weights, linear int8 → quantize_weights(INT8, SYMMETRIC,
+# PER_CHANNEL).
+COREAI_OPT_PALETTE_BITS = (1, 2, 3, 4, 6, 8)
+COREAI_OPT_LINEAR_BITS = (8,)
 
 
 def kv_dtype(backend: str, weights: str) -> str:
@@ -67,12 +81,36 @@ def check_backend(spec: Any, analysis: bool) -> None:
         raise QfoldError(f"--mode analysis --weights {spec.weights}: value-free weights are fp16 views "
                          "(analyzer.model.valuefree); build fp32 weights materialised (the default for "
                          f"--backend {COREAI})")
+    if spec.compression and analysis:
+        raise QfoldError(f"--backend {COREAI} --mode analysis --compression: coreai-opt computes each LUT and scale "
+                         "from the weights' values, and value-free weights hold one value per tensor, so the asset "
+                         "would not be the materialised one op for op (a uniform LUT over one value divides by "
+                         f"max - min = 0); build it materialised (the default for --backend {COREAI})")
     if spec.compression:
-        raise QfoldError(f"--backend {COREAI} --compression: coremltools.optimize compresses Core ML programs only "
-                         "(Core AI's compression is coreai-opt, which qfold does not pin); build without compression")
+        why = coreai_opt_refusal(spec.compression, spec.source.config_dict.get("num_hidden_layers", 0))
+        if why:
+            raise QfoldError(f"--backend {COREAI} --compression {spec.compression}: {why}")
     if spec.phase == "decode+prefill":
         raise QfoldError(f"--backend {COREAI} --phase decode+prefill: a Core AI build holds one function; build "
                          "--phase decode and --phase prefill separately")
+
+
+def coreai_opt_refusal(compression: str, num_layers: int) -> str:
+    """Why coreai-opt cannot store a compression spec on a model of ``num_layers`` layers (the first scheme it
+    cannot express, with the part and layers the spec gives it), or ``""``."""
+    plan = parse_spec(compression, num_layers)
+    cells = [(part, layer, scheme) for part in LAYER_PARTS for layer, scheme in enumerate(getattr(plan, part))]
+    cells += [(part, None, plan.scheme(part)) for part in ("embed", "lm_head")]
+    for part, _, scheme in cells:
+        if scheme.method == "palettize" and scheme.bits not in COREAI_OPT_PALETTE_BITS:
+            why = f"coreai-opt palettizes with n_bits in {', '.join(map(str, COREAI_OPT_PALETTE_BITS))} only"
+        elif scheme.method == "linear" and scheme.bits not in COREAI_OPT_LINEAR_BITS:
+            why = "qfold maps only int8 to coreai-opt's quantize_weights"
+        else:
+            continue
+        layers = [layer for p, layer, s in cells if p == part and s == scheme and layer is not None]
+        return f"{part}{f' of layers {format_layers(layers)}' if layers else ''} = {scheme.token}: {why}"
+    return ""
 
 
 def refused_variants(backend: str) -> dict[str, str]:
@@ -85,16 +123,27 @@ def coreai_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("coreai", "coreai_torch"))
 
 
-def require_coreai() -> None:
-    """Refuse a Core AI build or walk where Core AI is not installed, with the line that installs it."""
+def coreai_opt_available() -> bool:
+    """Whether coreai-opt (Core AI's compression) is importable here (found, not imported)."""
+    return importlib.util.find_spec("coreai_opt") is not None
+
+
+def require_coreai(compression: bool = False) -> None:
+    """Refuse a Core AI build or walk where Core AI is not installed, with the line that installs it; with
+    ``compression``, also where coreai-opt is not (its wheel is pure Python, but it needs coreai-core and
+    coreai-torch, whose wheels exist for Linux x86_64 and macOS arm64 only)."""
     if not coreai_available():
         raise QfoldError(f"--backend coreai: coreai-core / coreai-torch are not installed here; {COREAI_INSTALL}")
+    if compression and not coreai_opt_available():
+        raise QfoldError(f"--backend coreai --compression: coreai-opt (Core AI's compression) is not installed "
+                         f"here; {COREAI_OPT_INSTALL}")
 
 
-def coreai_versions() -> dict[str, str]:
-    """The Core AI packages' versions (part of a Core AI build's key)."""
+def coreai_versions(compression: bool = False) -> dict[str, str]:
+    """The Core AI packages' versions (part of a Core AI build's key): coreai-core and coreai-torch, and with
+    ``compression`` coreai-opt (an uncompressed build's key does not depend on it)."""
     out = {}
-    for pkg in COREAI_PACKAGES:
+    for pkg in COREAI_PACKAGES if compression else COREAI_PACKAGES[:2]:
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

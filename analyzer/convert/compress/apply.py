@@ -86,36 +86,41 @@ def plan_weights(mlmodel, plan: CompressionPlan) -> tuple[WeightAssignment, ...]
     """The scheme of every weight const of a converted model, found from its spec. Raises
     :class:`CompressionError` for a weight whose part the naming rule cannot tell, a layer the plan does
     not have, and a tied embedding/lm_head const asked to take two schemes."""
-    out: list[WeightAssignment] = []
-    for name, (shape, consumers) in sorted(_const_weights(mlmodel.get_spec()).items()):
-        where = weight_part(name, consumers)
-        if where is None:
-            raise CompressionError(
-                f"cannot tell which part weight {name!r} (read by {', '.join(consumers)}) belongs to: qfold reads "
-                "'layers_<i>_self_attn|attention|attn_…' as attn, 'layers_<i>_mlp|feed_forward|ffn_…' as ffn, "
-                "a gathered table as embed and 'lm_head' as lm_head"
-            )
-        parts, layer = where
-        if layer is not None and layer >= plan.num_layers:
-            raise CompressionError(
-                f"weight {name!r} is in layer {layer} but the plan was made for {plan.num_layers} layers"
-            )
-        schemes = {plan.scheme(p, layer) for p in parts}
-        if len(schemes) > 1:
-            raise CompressionError(
-                f"weight {name!r} is ONE const read by both the embedding gather and the lm_head linear (tied "
-                f"embeddings), so it cannot be embed={plan.embed.token} and lm_head={plan.lm_head.token}: untie "
-                "the torch model (analyzer.model.decode.untie_embeddings_) and convert with keep_duplicate_consts=True "
-                "(no common::const_deduplication), or give embed and lm_head the same scheme"
-            )
-        scheme = schemes.pop()
-        channels = _output_channels(shape, consumers)
-        group = math.gcd(channels, plan.group_channels) if scheme.method == "palettize" else plan.group_channels
-        if scheme.method == "palettize" and group != plan.group_channels:
-            log.warning("%s: %d output channels are not a multiple of group=%d; palettizing with %d channels per LUT",
-                        name, channels, plan.group_channels, group)
-        out.append(WeightAssignment(name, parts, layer, shape, tuple(consumers), scheme, group))
-    return tuple(out)
+    return tuple(assign_weight(name, shape, consumers, plan, _output_channels(shape, consumers))
+                 for name, (shape, consumers) in sorted(_const_weights(mlmodel.get_spec()).items()))
+
+
+def assign_weight(name: str, shape: tuple[int, ...], consumers: Sequence[str], plan: CompressionPlan,
+                  channels: int) -> WeightAssignment:
+    """One weight's scheme under ``plan`` (both backends): its part from the naming rule, and for palettization
+    the output channels per LUT: ``gcd(channels, group)`` when ``channels`` (the output channels the LUTs split)
+    is not a multiple of the plan's group, logged."""
+    where = weight_part(name, consumers)
+    if where is None:
+        raise CompressionError(
+            f"cannot tell which part weight {name!r} (read by {', '.join(consumers)}) belongs to: qfold reads "
+            "'layers_<i>_self_attn|attention|attn_…' as attn, 'layers_<i>_mlp|feed_forward|ffn_…' as ffn, "
+            "a gathered table as embed and 'lm_head' as lm_head"
+        )
+    parts, layer = where
+    if layer is not None and layer >= plan.num_layers:
+        raise CompressionError(
+            f"weight {name!r} is in layer {layer} but the plan was made for {plan.num_layers} layers"
+        )
+    schemes = {plan.scheme(p, layer) for p in parts}
+    if len(schemes) > 1:
+        raise CompressionError(
+            f"weight {name!r} is ONE const read by both the embedding gather and the lm_head (tied "
+            f"embeddings), so it cannot be embed={plan.embed.token} and lm_head={plan.lm_head.token}: untie "
+            "the torch model (analyzer.model.decode.untie_embeddings_) and convert with keep_duplicate_consts=True "
+            "(no common::const_deduplication), or give embed and lm_head the same scheme"
+        )
+    scheme = schemes.pop()
+    group = math.gcd(channels, plan.group_channels) if scheme.method == "palettize" else plan.group_channels
+    if scheme.method == "palettize" and group != plan.group_channels:
+        log.warning("%s: %d output channels are not a multiple of group=%d; palettizing with %d channels per LUT",
+                    name, channels, plan.group_channels, group)
+    return WeightAssignment(name, parts, layer, tuple(shape), tuple(consumers), scheme, group)
 
 
 def _output_channels(shape: tuple[int, ...], consumers: Sequence[str]) -> int:

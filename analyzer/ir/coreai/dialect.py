@@ -9,6 +9,17 @@ op classes: ``SliceUpdateOp(input, start_indices, end_indices, strides, update)`
 ``BroadcastInDimsOp(input, dim_sizes, axes)``, ...). An op not listed keeps its own name as its kind: it is
 charged by the generic compute rule and listed as unruled, never silently free.
 
+Compressed weights (coreai-opt 0.4.0's ``coreai_utils`` passes, or coreai-torch's lowering of its custom ops,
+``coreai_torch/_custom_to_core.py``) are constants read by a decompression op: ``lut_to_dense(indices, lut, axis)``
+(palettized: sub-byte indices and a LUT per block of channels), ``blockwise_shift_scale(data, scale, offset1,
+offset2)`` (``scale · (data − offset1) + offset2`` per block: linear quantization, or a quantized LUT's scale),
+``dequantize`` (per tensor or axis) and ``sparse_with_bitmask_to_dense``. Unlike Core ML's ``constexpr_*`` ops they
+are ordinary ops: the dialect says "this op is not folded at compile time; decompression happens at model load or
+runtime" (coreai-core 1.0.0b3, ``LutToDenseOp``), and Apple's Linux runtime runs every one of them on every call
+(profiled: one ``call.coreai.lut_to_dense`` / ``call.coreai.blockwise_shift_scale`` event per op per call,
+tests/test_coreai_compression.py). They keep their own names as kinds (:data:`PER_CALL_DECOMPRESSION`), and the
+byte rules charge them as compute that runs per call (``analyzer.analysis.byte_rules.DecompressRule``).
+
 ``coreai.broadcast_in_dims``, ``broadcast_to`` and ``tile`` all materialise copies, so their kind is ``tile``: the
 replication classifier decides which of them copy KV heads for attention. ``read_handle`` / ``write_handle`` are a
 state's read and write (MIL ``read_state`` / ``write_state``). ``create_token`` (orders state accesses) and
@@ -58,6 +69,11 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "coreai.read_handle": ("read_state", ("input",)),
     "coreai.write_handle": ("write_state", ("input", "data")),
     "coreai.create_token": ("coreai.create_token", ()),
+    "coreai.lut_to_dense": ("coreai.lut_to_dense", ("indices", "lut", "axis")),
+    "coreai.blockwise_shift_scale": ("coreai.blockwise_shift_scale", ("data", "scale", "offset1", "offset2")),
+    "coreai.dequantize": ("coreai.dequantize", ("data", "scale", "offset1", "offset2", "axis")),
+    "coreai.build_sparse_with_bitmask": ("coreai.build_sparse_with_bitmask", ("values", "bitmask")),
+    "coreai.sparse_with_bitmask_to_dense": ("coreai.sparse_with_bitmask_to_dense", ("data",)),
     "coreai.invoke": ("coreai.invoke", ("args*",)),
     **{f"coreai.reduce_{r}": (f"reduce_{'prod' if r == 'product' else r}", ("x", "axes"))
        for r in ("mean", "sum", "max", "min", "product")},
@@ -66,6 +82,9 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     **{f"coreai.{op}": (op, _UNARY) for op in _ELEMENTWISE_UNARY},
 }
 KINDS: dict[str, str] = {op: kind for op, (kind, _) in OPS.items()}
+# Ops that turn stored (compressed) weights into a dense tensor, run on every call (module docstring).
+PER_CALL_DECOMPRESSION = frozenset({"coreai.lut_to_dense", "coreai.blockwise_shift_scale", "coreai.dequantize",
+                                    "coreai.build_sparse_with_bitmask", "coreai.sparse_with_bitmask_to_dense"})
 # Ops that only carry the graph's structure: they are not op records (their operands are the graph's results).
 TERMINATORS = frozenset({"coreai.output", "coreai.yield"})
 

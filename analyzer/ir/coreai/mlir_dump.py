@@ -24,13 +24,14 @@ from typing import Any
 from analyzer.errors import QfoldError
 from analyzer.ir.coreai.asset import PROGRAM_FILE, check_asset
 
-_TENSOR = re.compile(r"tensor<((?:\?|\d+)(?:x(?:\?|\d+))*x)?([a-z]+\d*)>")
+_TENSOR = re.compile(r"tensor<((?:\?|\d+)(?:x(?:\?|\d+))*x)?([a-zA-Z]+[0-9A-Za-z]*)>")
 _CALL_STACK = re.compile(r'<"call_stack": \[([^\]]*)\]>')
 _SOURCE = re.compile(r'identifiers = \["([^"]*)"')
 _COMPOSITE = re.compile(r'composite_declaration<"(\w+)"')
-_DTYPES = {"f16": "fp16", "f32": "fp32", "f64": "fp64", "bf16": "bf16", "i1": "bool", "si8": "int8", "ui8": "uint8",
-           "i8": "int8", "si16": "int16", "ui16": "uint16", "i16": "int16", "si32": "int32", "ui32": "uint32",
-           "i32": "int32", "si64": "int64", "ui64": "uint64", "i64": "int64", "si4": "int4", "ui4": "uint4"}
+_DTYPES = {"f16": "fp16", "f32": "fp32", "f64": "fp64", "bf16": "bf16", "i1": "bool",
+           # compressed weights (coreai-opt 0.4.0: sub-byte LUT indices ui1-ui8, fp8 LUTs and data, e8m0 scales)
+           "f8E4M3FN": "fp8e4m3fn", "f8E5M2": "fp8e5m2", "f8E8M0FNU": "fp8e8m0fnu", "f4E2M1FN": "fp4e2m1fn"}
+_INT = re.compile(r"(s|u)?i(\d+)")  # si8 / i8 → int8, ui4 → uint4
 
 
 def type_json(text: str) -> list[Any]:
@@ -41,7 +42,16 @@ def type_json(text: str) -> list[Any]:
     if m is None or kind == "token":
         return [[], text, kind if kind == "token" else "other"]
     dims = [None if d == "?" else int(d) for d in (m.group(1) or "").split("x") if d]
-    return [dims, _DTYPES.get(m.group(2), m.group(2)), kind]
+    return [dims, dtype_name(m.group(2)), kind]
+
+
+def dtype_name(mlir: str) -> str:
+    """qfold's (MIL's) name of an MLIR element type: ``f16`` → ``fp16``, ``si8``/``i8`` → ``int8``, ``ui4`` →
+    ``uint4``, ``f8E4M3FN`` → ``fp8e4m3fn``; an unknown one keeps its MLIR name."""
+    if mlir in _DTYPES:
+        return _DTYPES[mlir]
+    m = _INT.fullmatch(mlir)
+    return f"{'uint' if m.group(1) == 'u' else 'int'}{m.group(2)}" if m else mlir
 
 
 def _debug(op) -> tuple[list[str], str]:
@@ -77,8 +87,10 @@ def _small_ints(op) -> list[int] | None:
     return [int(attr[i]) for i in range(n)] if n <= 16 and not attr.is_splat else None
 
 
-def dump_module(module) -> dict[str, Any]:
-    """Every ``coreai.graph`` of an MLIR module as JSON-ready rows (see the module docstring)."""
+def dump_module(module, handles: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
+    """Every ``coreai.graph`` of an MLIR module as JSON-ready rows (see the module docstring). ``handles``, when
+    given, receives each row's MLIR operation under (graph name, row index): a caller that edits the program in
+    its own process (``analyzer.convert.compress.coreai_apply``) finds the op a row describes."""
     ids: dict[Any, int] = {}
 
     def vid(value) -> int:
@@ -94,8 +106,11 @@ def dump_module(module) -> dict[str, Any]:
         arg_names = _names(attrs, "arg_attrs", len(block.arguments))
         decl = _COMPOSITE.search(str(attrs["composite_decl"])) if "composite_decl" in attrs else None
         ops = []
+        name = attrs["sym_name"].value
         for inner in block.operations:
             op = inner.operation
+            if handles is not None:
+                handles[(name, len(ops))] = op
             stack, source = _debug(op)
             row: dict[str, Any] = {"op": op.name, "operands": [vid(v) for v in op.operands],
                                    "results": [[vid(r), type_json(str(r.type))] for r in op.results],
@@ -108,7 +123,7 @@ def dump_module(module) -> dict[str, Any]:
                 row["value"] = _small_ints(op)
             ops.append(row)
         n_results = len(ops[-1]["operands"]) if ops and ops[-1]["op"] == "coreai.output" else 0
-        graphs.append({"name": attrs["sym_name"].value, "composite": decl.group(1) if decl else None,
+        graphs.append({"name": name, "composite": decl.group(1) if decl else None,
                        "args": [[vid(a), n, type_json(str(a.type))] for a, n in zip(block.arguments, arg_names,
                                                                                     strict=True)],
                        "results": _names(attrs, "res_attrs", n_results), "ops": ops})

@@ -136,6 +136,16 @@ class _Walker:
         return None
 
 
+def constant_labels(doc: dict[str, Any]) -> dict[tuple[str, int], str]:
+    """(graph name, row index) → the label a walk names each ``coreai.constant`` of a dump by (the module that
+    reads it: ``layers.0.mlp.TransposedLinear$3``, ``embed_tokens.Embedding$1``), for a caller that picks weights by
+    the same names before the program is saved (``analyzer.convert.compress.coreai_apply``)."""
+    walker = _Walker({g["name"]: g for g in doc.get("graphs", [])})
+    return {(g["name"], i): walker.modules.label(row["stack"] or walker.first_reader.get(row["results"][0][0], []))
+            for g in doc.get("graphs", []) for i, row in enumerate(g["ops"])
+            if row["op"] == "coreai.constant" and row["results"]}
+
+
 def replace_param(ref: InputRef, param: str) -> InputRef:
     return replace(ref, param=param)
 
@@ -204,7 +214,7 @@ class _Modules:
             return f"layers.{self.rank.get(int(frames[at].group(2)))}.{part}.{leaf}"
         if any("embedding" in m.group(1).lower() for m in frames):
             return f"embed_tokens.{leaf}"
-        if frames[-1].group(1) == "Linear" and len(frames) >= 2 and frames[-2].group(1).endswith("ForCausalLM"):
+        if frames[-1].group(1).endswith("Linear") and len(frames) >= 2 and frames[-2].group(1).endswith("ForCausalLM"):
             return f"lm_head.{leaf}"
         return leaf
 
