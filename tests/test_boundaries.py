@@ -234,7 +234,8 @@ def test_no_two_modules_share_a_base_name():
 
 # ------------------------------------------------------------------------------------------ imports at the top
 # Heavy or optional dependencies: imported inside functions, and only in the boundary modules the README lists.
-LAZY_ALLOWED = {"torch", "coremltools", "ray", "transformers", "coreai", "coreai_torch", "model_explorer"}
+LAZY_ALLOWED = {"torch", "coremltools", "ray", "transformers", "coreai", "coreai_torch", "model_explorer",
+                "coreai_opt"}
 
 
 def lazy_imports(path: Path) -> list[tuple[int, str]]:

@@ -226,9 +226,11 @@ def _stored_dtypes(chain: list[OpRecord], program: MilProgram) -> str:
     parts = []
     for op in reversed(chain):  # innermost first: indices and LUT, then the scale applied to them
         for r in op.inputs:
-            if r.param in _SKIP_IN_DTYPES or r.producer is None or program.ops[r.producer].kind != "const":
+            inline = r.producer is None and r.is_const  # Core ML's constexpr inputs are inline values
+            if r.param in _SKIP_IN_DTYPES or not (inline or (r.producer is not None
+                                                              and program.ops[r.producer].kind == "const")):
                 continue
-            if program.ops[r.producer].const_zero and r.param in _OFFSETS:
+            if not inline and program.ops[r.producer].const_zero and r.param in _OFFSETS:
                 continue
             parts.append(f"{r.param} {r.tensor.dtype}")
     return ", ".join(parts)
@@ -273,3 +275,33 @@ def compression_report(program: MilProgram) -> CompressionReport:
                 granularity=granularity, stored_dtypes=_stored_dtypes(chain, program) if chain else "",
             )
     return CompressionReport(tuple(seen.values()))
+
+
+def weights_by_part(program: MilProgram, acct: Any) -> dict[str, int]:
+    """The ``weights`` bytes of a byte account (:class:`~analyzer.analysis.byte_account.ByteAccount` of
+    ``program``) by the part of the weight each op reads, as that op reads it (a tied table is ``embed`` where the
+    gather reads it and ``lm_head`` where the projection does): ``attn``, ``ffn``, ``embed``, ``lm_head``, and
+    ``other`` for weights the naming rule does not place (norm scales, biases, small tables)."""
+    out: dict[str, int] = {}
+    consumers = program.consumers()
+    for row in acct.ops:
+        if not row.weights:
+            continue
+        op = program.ops[row.index]
+        readers = [op.kind]
+        decompression = is_decompression(op, program)
+        if decompression:  # a per-call decompression: its weight is what its readers read
+            readers = sorted({program.ops[c].kind for c in consumers[op.index]})
+        part = "other"
+        for ref in op.inputs:
+            if ref.producer is None:
+                continue
+            producer = program.ops[ref.producer]
+            if (producer.kind != "const" and not producer.type.startswith("constexpr_")) or len(ref.tensor.shape) < 2:
+                continue  # a weight matrix or table (or its indices); scalars, norm scales and biases stay "other"
+            where = weight_part(ref.tensor.name, readers)
+            if where is not None:  # a tied table decompressed per call serves both: "embed+lm_head"
+                part = "+".join(where[0]) if decompression else where[0][-1]
+                break
+        out[part] = out.get(part, 0) + row.weights
+    return out

@@ -7,7 +7,11 @@ Core AI build of the same model, ``diff A B``) the known causes are those measur
 (tests/test_coreai.py): coreai-torch transposes a linear weight stored ``[out, in]`` at run time (a foreign
 asset's every linear; in qfold's builds, which store untied weights ``[in, out]`` (``analyzer.model.linear_layout``),
 only a tied lm_head) and keeps the torch model's fp32 steps, while coremltools folds the transposes into the
-constants and computes in fp16.
+constants and computes in fp16. Between compressed builds of one spec, the compressed constants add theirs: Core AI
+decompresses on every call (``lut_to_dense``, ``blockwise_shift_scale``: the stored parts are read, and the dense
+weight written and read, per call) where Core ML's ``constexpr_*`` ops decompress once at load; and what each stores
+per part (LUT groups and their axis, block size, scale and LUT dtypes: ``compression_report``) is compared and
+named wherever a compressed weight's bytes differ.
 
     explain(a, b) → (Reason("activations", "transpose", 0, 5_013_504, "Core AI transposes ..."), ...)
 """
@@ -19,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.analysis.accounting import CATEGORIES
+from analyzer.analysis.compression import compression_report
 from analyzer.analysis.record import Analysis
+from analyzer.ir.coreai.dialect import PER_CALL_DECOMPRESSION
 
 _FP32_STEPS = ("Core AI keeps the torch model's fp32 steps (RMSNorm's variance, the softmax, RoPE's cos/sin) at 4 "
                "bytes per element; a Core ML build computes in fp16 (compute_precision FLOAT16)")
@@ -72,6 +78,31 @@ CROSS_BACKEND_CAUSES: dict[tuple[str, str], str] = {
 }
 for _kind in ("mul", "add", "sub", "pow", "rsqrt", "reduce_mean", "softmax", "real_div", "sin", "cos"):
     CROSS_BACKEND_CAUSES.setdefault(("activations", _kind), _FP32_STEPS)
+_PER_CALL = ("Core AI decompresses weights on every call (Apple's runtime runs lut_to_dense / blockwise_shift_scale "
+             "per call, analyzer.ir.coreai.dialect) where Core ML's constexpr_* ops decompress once at load")
+# Causes that only compressed builds have (a per-call decompression op in either program).
+COMPRESSED_CAUSES: dict[tuple[str, str], str] = {
+    ("weights", "coreai.lut_to_dense"): "palettized weights as stored (indices + LUT), read by Core AI's "
+                                        "lut_to_dense on every call, a whole table even where only a gather reads it "
+                                        "(an embedding); Core ML charges its stored bytes to the op reading the "
+                                        "constexpr_lut_to_dense output (a linear; a gather: one row's share)",
+    ("weights", "coreai.blockwise_shift_scale"): "linearly quantized weights as stored (data + scales; a zero offset "
+                                                 "is free), read by Core AI's blockwise_shift_scale on every call; "
+                                                 "Core ML charges them to the op reading its "
+                                                 "constexpr_blockwise_shift_scale output",
+    ("activations", "coreai.lut_to_dense"): _PER_CALL + ": the dense weight it writes",
+    ("activations", "coreai.blockwise_shift_scale"): _PER_CALL + ": the dense weight it writes",
+    ("activations", "coreai.dequantize"): _PER_CALL + ": the dense weight it writes",
+    ("activations", "matmul"): CROSS_BACKEND_CAUSES[("activations", "matmul")] + "; and Core AI's matmuls read the "
+                               "dense weights its per-call decompression wrote",
+    ("activations", "gather"): CROSS_BACKEND_CAUSES[("activations", "gather")] + "; and a table Core AI decompresses "
+                               "per call is read as the dense table's rows (activations)",
+    ("weights", "gather"): "the embedding: Core ML's gather reads one row's share of the stored table (indices + "
+                           "LUT); Core AI's reads a dense table its lut_to_dense decompressed per call (activations), "
+                           "or, uncompressed, one fp16 row",
+    ("weights", "linear"): "Core ML's linear reads its weights as stored (compressed: through a constexpr at load); "
+                           "Core AI charges compressed weights to its decompression ops, fp16 ones to its matmuls",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +139,35 @@ def _by_kind(x: Analysis) -> tuple[dict[str, Counter], Counter, dict[str, set[st
     return per, Counter(kinds.values()), types
 
 
+def stored_differences(a: Analysis, b: Analysis) -> str:
+    """How A and B store each compressed part where they differ: scheme, granularity (LUT groups and the axis they
+    split, block size), stored dtypes (LUT, scale), from each program's ``compression_report``; ``""`` when neither
+    is compressed or they store every part alike."""
+    def ways(x: Analysis) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = defaultdict(set)
+        for w in compression_report(x.program).weights:
+            if w.compressed:
+                out["+".join(w.parts)].add(" ".join(v for v in (w.scheme, w.granularity, f"({w.stored_dtypes})"
+                                                                  if w.stored_dtypes else "") if v))
+        return out
+
+    wa, wb = ways(a), ways(b)
+    texts = []
+    for part in sorted(set(wa) | set(wb)):
+        if wa.get(part) != wb.get(part):
+            texts.append(f"{part}: A {'; '.join(sorted(wa.get(part, ()))) or 'uncompressed'}, "
+                         f"B {'; '.join(sorted(wb.get(part, ()))) or 'uncompressed'}")
+    return "stored differently: " + " | ".join(texts) if texts else ""
+
+
 def explain(a: Analysis, b: Analysis) -> tuple[Reason, ...]:
     """A reason for each per-kind part of every byte-category difference and every op-count (by kind) difference
     between ``a`` and ``b``; the parts of a category add up to its difference exactly."""
     cross = a.program.backend != b.program.backend
+    per_call = any(op.type in PER_CALL_DECOMPRESSION for x in (a, b) for op in x.program.ops)
+    compressed = per_call or any(op.type.startswith("constexpr_") for x in (a, b) for op in x.program.ops)
+    causes = {**CROSS_BACKEND_CAUSES, **(COMPRESSED_CAUSES if per_call else {})}
+    stored = stored_differences(a, b) if compressed else ""
     (bytes_a, count_a, types_a), (bytes_b, count_b, types_b) = _by_kind(a), _by_kind(b)
     out: list[Reason] = []
     for c in CATEGORIES:
@@ -121,9 +177,11 @@ def explain(a: Analysis, b: Analysis) -> tuple[Reason, ...]:
                 continue
             ops = (f"{kind} ops: {count_a[kind]} in A ({', '.join(sorted(types_a[kind])) or 'none'}), "
                    f"{count_b[kind]} in B ({', '.join(sorted(types_b[kind])) or 'none'})")
-            cause = CROSS_BACKEND_CAUSES.get((c, kind)) if cross else None
+            cause = causes.get((c, kind)) if cross else None
             if c == "replication":
                 cause = cause or "KV replication copies (the variant's difference)"
+            if stored and c == "weights" and (kind in PER_CALL_DECOMPRESSION or kind in ("linear", "gather", "matmul")):
+                cause = f"{cause}; {stored}" if cause else stored
             out.append(Reason(c, kind, xa, xb, f"{cause}; {ops}" if cause else ops))
     for kind in sorted(set(count_a) | set(count_b)):
         if count_a[kind] != count_b[kind]:

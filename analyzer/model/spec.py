@@ -161,7 +161,8 @@ class BuildSpec:
             out.update(phase=self.phase, q_len=self.q_len)
         if self.backend != COREML:  # a Core ML build's fingerprint (and key) is what it was before backends existed
             out.update(backend=self.backend, torch_dtype=self.weights, target="coreai-OS27",
-                       compute_precision=self.weights, versions={**out["versions"], **coreai_versions(bool(self.compression))})
+                       compute_precision=self.weights,
+                       versions={**out["versions"], **coreai_versions(bool(self.compression))})
             # linear weights stored [in, out] (analyzer.model.linear_layout); fp32 builds keep an fp32 cache
             out.update(linear_weights="transposed", kv_dtype=self.kv_dtype)
         elif self.weights != DEFAULT_WEIGHTS:
