@@ -12,7 +12,7 @@ from analyzer.convert.rebuild import full_size_spec
 from analyzer.errors import QfoldError
 from analyzer.model.cost import estimate
 from analyzer.model.sources import load_config
-from analyzer.report import figures, frames
+from analyzer.report import figures, frames, twins
 from analyzer.report import placement_figures as pf
 from analyzer.report.assumptions import WEIGHT_CHARGE_TEXT
 from analyzer.report.catalog import AnalysisRef, builds_root, default_pair, matching_pair, shipped_analyses
@@ -27,6 +27,7 @@ from analyzer.report.headline import (
     package_fold_summary,
 )
 from analyzer.report.messages import for_ui
+from analyzer.report.twins import backend_twin
 from app_pages import (
     analyses,
     bandwidth_control,
@@ -225,6 +226,27 @@ with about:
     else:
         st.success(f"**Equivalence**: {equivalence_text(eq)}.", icon=":material/check_circle:")
 st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
+
+# ---------------------------------------------------------------------------------------------- both backends
+twin = backend_twin((ref_a, ref_b), refs)
+if twin is not None:
+    here = twins.BACKEND_NAMES.get(ref_a.facts.backend if ref_a.facts else "coreml", "Core ML")
+    there = twins.BACKEND_NAMES.get(twin[0].facts.backend if twin[0].facts else "coreai", "Core AI")
+    compression = ref_a.facts.compression if ref_a.facts else "fp16"
+    with st.expander(f"The same A/B on {there}: {here} and {there} side by side ({fmt.md(compression)})",
+                     expanded=compression != "fp16"):
+        try:
+            four = {(r.facts.backend, r.variant): analyses.load(r) for r in (ref_a, ref_b, *twin) if r.facts}
+        except QfoldError as e:
+            widgets.error(e, "Cannot load the other backend's pair: ")
+        else:
+            both = twins.twin_frame(four)
+            st.plotly_chart(twins.twin_figure(both, compression), key="ab_twin_chart")
+            widgets.table_with_download(both, "ab_twin_csv", "both_backends.csv")
+            st.caption("Where the two backends' bytes differ, and why (per-call decompression, LUT and scale "
+                       "layouts): `qfold diff` of the Core ML and the Core AI build.")
+            st.button(f"Open the {there} pair", key="ab_twin_open", icon=":material/swap_horiz:",
+                      on_click=widgets.set_persisted, kwargs={"values": {Key.AB_A: twin[0].id, Key.AB_B: twin[1].id}})
 
 # ---------------------------------------------------------------------------------------------- side by side
 t_bytes, t_ops, t_tiles, t_layers, t_drill, t_phases, t_place, t_graph = st.tabs(

@@ -163,6 +163,7 @@ _SHIFT_SCALE_OPS = ("constexpr_blockwise_shift_scale", "constexpr_affine_dequant
                     "coreai.dequantize")
 _OFFSETS = ("offset", "zero_point", "offset1", "offset2")
 _SKIP_IN_DTYPES = ("axis", "vector_axis")
+_ORDER = {"indices": 0, "lut": 1, "data": 2, "quantized_data": 2, "scale": 3}  # one order whatever the backend's
 
 
 def _scheme_of(op: OpRecord, program: MilProgram) -> str:
@@ -224,7 +225,7 @@ def _granularity(chain: list[OpRecord], shape: tuple[int | None, ...]) -> tuple[
 
 def _stored_dtypes(chain: list[OpRecord], program: MilProgram) -> str:
     parts = []
-    for op in reversed(chain):  # innermost first: indices and LUT, then the scale applied to them
+    for op in chain:
         for r in op.inputs:
             inline = r.producer is None and r.is_const  # Core ML's constexpr inputs are inline values
             if r.param in _SKIP_IN_DTYPES or not (inline or (r.producer is not None
@@ -233,7 +234,7 @@ def _stored_dtypes(chain: list[OpRecord], program: MilProgram) -> str:
             if not inline and program.ops[r.producer].const_zero and r.param in _OFFSETS:
                 continue
             parts.append(f"{r.param} {r.tensor.dtype}")
-    return ", ".join(parts)
+    return ", ".join(sorted(parts, key=lambda p: (_ORDER.get(p.split()[0], 9), p)))
 
 
 def compression_report(program: MilProgram) -> CompressionReport:

@@ -32,7 +32,7 @@ from typing import Any
 from analyzer.errors import AimodelError
 from analyzer.fsio import read_json
 from analyzer.ir.coreai.asset import METADATA_FILE, check_asset
-from analyzer.ir.coreai.dialect import TERMINATORS, kind_of, operand_names
+from analyzer.ir.coreai.dialect import PER_CALL_DECOMPRESSION, TERMINATORS, kind_of, operand_names
 from analyzer.ir.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
 from analyzer.ir.opfacts import classify_copies, layer_from_name
 
@@ -81,6 +81,11 @@ class _Walker:
             for v in row["operands"]:
                 if row["stack"]:
                     self.first_reader.setdefault(v, row["stack"])
+        for row in reversed(rows):  # a compressed weight's constants: known by what reads the dense weight
+            if not row["stack"] and (row["op"] in PER_CALL_DECOMPRESSION or row["op"] == "coreai.cast"):
+                reader = next((self.first_reader[r[0]] for r in row["results"] if r[0] in self.first_reader), None)
+                for v in row["operands"] if reader else ():
+                    self.first_reader.setdefault(v, reader)
         self.ops: list[OpRecord] = []
         self.stacks: list[list[str]] = []  # the call stack of each record (a body op: its invoke's)
 
