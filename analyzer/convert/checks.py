@@ -70,9 +70,10 @@ def torch_check(report: EquivalenceReport, spec: BuildSpec, weights: str | None 
     compressed = spec.compression
     note = f"fp32 max |Δ logits| {fp32.max_abs_diff:.3g}" if fp32 else ""
     if compressed:
+        where = ("asset stores (run both variants' assets on the Core AI runtime: qfold run BUILD --steps N)"
+                 if spec.backend == "coreai" else "package stores (see the interpreter check)")
         note = (f"{note}; " if note else "") + (
-            f"the torch models are uncompressed: this says nothing about the {compressed} weights this "
-            "package stores (see the interpreter check)")
+            f"the torch models are uncompressed: this says nothing about the {compressed} weights this {where}")
     return EquivalenceCheck(
         "torch_variants", f"repeat_kv vs qfold, {report.what}, fp16 (and fp32) torch",
         weights or f"uncompressed torch model, {_weights_text(spec.source)}", report.steps, fp16 is not None,
