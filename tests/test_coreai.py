@@ -188,7 +188,7 @@ def test_backend_refusals_and_keys():
     assert fp32.key.rsplit("-", 3)[1:3] == ["coreai", "fp32"]
     assert "-ctx256-analysis-coreai-" in replace(ai, build_mode="analysis").key
     for bad, why in ((dict(variant="sdpa_gqa"), "enable_gqa"), (dict(weights="fp32"), "fp16"),
-                     (dict(backend="coreai", compression="x"), "coreai-opt"),
+                     (dict(backend="coreai", compression="ffn=pal4", build_mode="analysis"), "coreai-opt computes"),
                      (dict(backend="coreai", phase="decode+prefill", q_len=4), "one function"),
                      (dict(backend="coreai", weights="fp32", build_mode="analysis"), "fp16 views"),
                      (dict(backend="metal"), "choose one of")):

@@ -265,3 +265,30 @@ def test_the_ab_page_shows_both_backends_pairs_of_one_spec(builds):
     at = open_page(ab_a=ml[0].id, ab_b=ml[1].id)
     assert any("The same A/B on Core AI" in e.label for e in at.expander)
     assert any("qfold diff" in c for c in texts(at.caption))
+
+
+def test_an_asset_coreai_opt_compressed_per_block_is_read_back_and_runs(tmp_path, capsys):
+    """An asset compressed as coreai-opt documents it (docs/src/utils/coreai_compression.md: quantize_weights on the
+    whole program), not by qfold: int4 per block of 32 input channels, fp16 scales. The walk reads it back as
+    stored, and Apple's runtime runs it."""
+    import torch
+    from coreai_opt.coreai_utils import CompressionGranularity, DType, quantize_weights
+
+    from analyzer.convert.coreai_build import export_step, save_asset, to_program
+    from analyzer.ir.coreai.walk import read_asset
+    from analyzer.model.decode import DecodeStep, build_model
+
+    model = build_model(resolve_source(DEFAULT_PRESET, [*TINY_OVERRIDES, "vocab_size=128", "num_hidden_layers=1"]),
+                        torch.float16)
+    step = DecodeStep(model, 64, "qfold", "state").eval()
+    program = to_program(export_step(step), step)
+    quantize_weights(program, DType.INT4, granularity=CompressionGranularity.PER_BLOCK, block_size=32,
+                     in_place=True)
+    out = tmp_path / "int4.aimodel"
+    save_asset(program, out)
+    report = compression_report(read_asset(out))
+    q = [w for w in report.weights if w.compressed]
+    assert q and all(w.scheme == "int4" and w.granularity.startswith("per-block") and "x32" in w.granularity
+                     and w.stored_dtypes == "data int4, scale fp16" and w.bits_per_weight == 4.5 for w in q)
+    assert cli(["run", str(out), "--steps", "2", "--out", str(tmp_path / "o.npz")]) == 0
+    assert np.isfinite(np.load(tmp_path / "o.npz")["logits"]).all()

@@ -281,13 +281,15 @@ ELEMENTWISE_OPS = (
     "exp", "exp2", "log", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "atan", "erf",
     "sigmoid", "silu", "gelu", "relu", "softplus", "softsign", "clamped_relu", "leaky_relu", "elu",
     "thresholded_relu", "linear_activation", "scaled_tanh", "sigmoid_hard", "prelu",
+    "coreai.blockwise_shift_scale", "coreai.dequantize",  # Core AI's per-call dequantization (lut_to_dense: 0)
 )
 
 
 @register_flop_rule(*ELEMENTWISE_OPS)
 class ElementwiseRule(FlopRule):
     """One FLOP per output element: arithmetic, comparisons, ``select``, and every transcendental or
-    activation function whatever its internal formula (``silu`` = x·σ(x) counts 1)."""
+    activation function whatever its internal formula (``silu`` = x·σ(x) counts 1; so does Core AI's per-call
+    ``scale · (data − offset1) + offset2``)."""
 
     name = "elementwise"
 
@@ -383,18 +385,6 @@ MOVEMENT_OPS = (
     "constexpr_sparse_blockwise_shift_scale", "constexpr_lut_to_sparse", *sorted(VIEW_OPS),
     "coreai.lut_to_dense", "coreai.build_sparse_with_bitmask", "coreai.sparse_with_bitmask_to_dense",
 )
-
-
-@register_flop_rule("coreai.blockwise_shift_scale", "coreai.dequantize")
-class DequantizeRule(FlopRule):
-    """Core AI's per-call dequantization, ``scale · (data − offset1) + offset2``: 3 FLOPs per output element
-    (other). Its LUT counterpart ``lut_to_dense`` is a lookup: 0 FLOPs (:class:`MovementRule`)."""
-
-    name = "dequantize"
-
-    @classmethod
-    def count(cls, op, ctx):
-        return {"other": 3 * _out_elements(op, ctx)}
 
 
 @register_flop_rule(*MOVEMENT_OPS)

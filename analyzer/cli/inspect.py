@@ -56,6 +56,7 @@ def inspect_json(analysis: Analysis, path: str, with_ops: bool = False) -> dict[
         build = analysis.build.to_json()
         out.update({k: build[k] for k in _BUILD_FIELDS})
         out["build_mode"] = analysis.build.build_mode  # analysis (value-free weights, no package) | materialised
+    if analysis.build is not None or analysis.compression.compressed_count:  # a foreign program's, when compressed
         out["compression_report"] = analysis.compression.to_json()
     if with_ops:
         flops = {r["index"]: r["total"] for r in analysis.flops.op_rows()}
@@ -102,8 +103,8 @@ def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
     print(fmt.table([(k, fc[k], ft[k]) for k in fc], ("category", "per call", "per token")))
     if a.flops.unruled_op_types:
         print(f"op types with no FLOP rule (counted 0): {', '.join(a.flops.unruled_op_types)}")
-    if a.build is not None and a.compression.compressed_count:
-        print(f"attention weights as stored: {a.compression.precision_text('attn')}")
+    if a.compression.compressed_count:
+        print(f"attention weights as stored: {a.compression.precision_text('attn') or 'not compressed'}")
     if acc.unruled_op_types:
         print(f"\nop types with no byte rule (charged as generic compute): {', '.join(acc.unruled_op_types)}")
     if acc.unsized:
