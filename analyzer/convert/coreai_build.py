@@ -20,15 +20,15 @@ Build modes (``--weights fp16`` or ``fp32`` either way):
 
 * ``materialised`` (a Core AI build's default: Core AI's runtime runs on Linux, so its asset is made to be run and
   timed): seeded random or safetensors weights, ``model.aimodel`` kept;
-With ``--compression SPEC`` (materialised only, ``analyzer.model.backends``) the converted program is compressed
-with coreai-opt before it is saved (``analyzer.convert.compress.coreai_apply``), a tied embedding first untied in
-torch when the spec gives embed and lm_head different schemes, as for Core ML.
-
 * ``analysis``: the model's weights are fp16 zero-stride views of one constant per tensor
   (``analyzer.model.valuefree``, as for Core ML); coreai-torch stores each as a splat constant, so the asset is a
   few hundred KB whatever the model, and the conversion needs a fraction of the memory
   (bench/results/coreai_valuefree.json). The asset is walked from a temporary folder and not kept: its values
   are not the model's.
+
+With ``--compression SPEC`` (materialised only, ``analyzer.model.backends``) the converted program is compressed
+with coreai-opt before it is saved (``analyzer.convert.compress.coreai_apply``), a tied embedding first untied in
+torch when the spec gives embed and lm_head different schemes, as for Core ML.
 """
 
 from __future__ import annotations
