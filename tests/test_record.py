@@ -43,7 +43,15 @@ def test_v1_is_migrated_to_the_figures_it_was_stored_with(v1_doc):
     assert a.summary.to_json() == v1_doc["summary"]
     assert a.bytes_per_token.to_json() == v1_doc["bytes"]["bytes_per_token"]
     assert [r.to_json() for r in a.bytes_by_layer] == v1_doc["bytes"]["bytes_by_layer"]
-    assert a.compression.to_json() == v1_doc["compression_report"]
+    # every figure stored then is read back the same; rows now also say how a weight is stored (granularity,
+    # stored dtypes: issue 41), which v1 did not record
+    got, stored = a.compression.to_json(), v1_doc["compression_report"]
+    assert {k: got[k] for k in stored} == {**stored, "weights": got["weights"]}
+    assert [{k: w[k] for k in old} for w, old in zip(got["weights"], stored["weights"], strict=True)] == \
+        stored["weights"]
+    assert {w.get("granularity") for w in got["weights"] if w["op_type"] != "const"} <= {
+        "per-channel", *(f"per-grouped-channel {w['group_channels']}" for w in stored["weights"]
+                         if w.get("group_channels"))}
     assert a.compression.precision_text("attn") == "int8 in layers 0-1"  # top8 on 2 layers: all promoted
     b = a.build
     assert b is not None and b.key == v1_doc["key"] and b.spec.compression == v1_doc["spec"]["compression"]
