@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import analyzer.engines.interpret.ops  # noqa: F401  (importing the package registers every kernel)
+from analyzer.engines.interpret.ops._common import OperandError, describe
 from analyzer.engines.interpret.ops.state import StateRef
 from analyzer.engines.interpret.registry import Kernel, kernel_for
 from analyzer.engines.interpret.values import NP_DTYPES, check_array_size, decode_value, np_dtype
@@ -164,12 +165,7 @@ class Interpreter:
         kwargs = {}
         for param, bound in step.params:
             kwargs[param] = tuple(_resolve(b, env) for b in bound) if isinstance(bound, tuple) else _resolve(bound, env)
-        try:
-            result = step.kernel.fn(**kwargs)
-        except QfoldError:
-            raise
-        except Exception as e:  # a NumPy error inside a kernel: name the op
-            raise InterpretError(f"op {step.name!r} ({step.type}) failed: {type(e).__name__}: {e}") from e
+        result = call_kernel(step.kernel, step.name, kwargs)
         results = result if isinstance(result, tuple) else (result,)
         if len(results) != len(step.outputs):
             raise InterpretError(f"op {step.name!r} ({step.type}) gave {len(results)} outputs; the program "
@@ -201,6 +197,29 @@ class Interpreter:
             except (TypeError, ValueError) as e:
                 raise InterpretError(f"{kind} {t.name!r}: cannot cast {value.dtype} to {t.dtype}: {e}") from e
         return out
+
+
+def call_kernel(kernel: Kernel, name: str, kwargs: dict[str, object]):
+    """``kernel(**kwargs)`` for the op ``name``. A kernel that cannot run an operand says which and why
+    (:class:`OperandError`); any other failure inside a kernel (a NumPy error) names the op and lists its
+    operands. Either way an :class:`InterpretError` in words, never a Python exception's class name."""
+    where = f"op {name!r} ({kernel.op_type})"
+    try:
+        return kernel.fn(**kwargs)
+    except QfoldError:
+        raise
+    except OperandError as e:
+        raise InterpretError(f"{where} cannot run its operand {e.operand!r}: {e.why}") from e
+    except Exception as e:
+        operands = ", ".join(f"{p}: " + (" ".join(describe(v) for v in value) if isinstance(value, tuple)
+                                         else describe(value)) for p, value in kwargs.items())
+        why = str(e).strip() or _WHY.get(type(e), "the kernel failed on them")
+        raise InterpretError(f"{where} cannot run on its operands ({operands}): {why}") from e
+
+
+# What a failure with no message of its own means (never printed as the exception's class name).
+_WHY: dict[type, str] = {ZeroDivisionError: "a division by zero", IndexError: "an index is out of range",
+                         MemoryError: "out of memory", OverflowError: "a value overflows its type"}
 
 
 def _check_integral(value: np.ndarray, target: np.dtype, what: str) -> None:

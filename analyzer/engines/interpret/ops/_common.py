@@ -8,6 +8,8 @@ import warnings
 
 import numpy as np
 
+from analyzer.engines.interpret.values import NP_DTYPES
+
 # fp16 → fp32 widening is exact, so any converter gives the same values (a NaN stays a NaN). NumPy's half →
 # float cast is a scalar loop (~1 G elements per CPU-second here); torch's is vectorized (F16C), 8x faster per
 # element measured on this machine. A full-size decode step widens ~1.8 G elements (every weight once, the
@@ -80,8 +82,40 @@ def as_bools(v, n: int) -> list[bool]:
     return [False] * n if v is None else [bool(b) for b in np.asarray(v).reshape(-1)]
 
 
-def axes_of(axes, rank: int) -> tuple[int, ...] | None:
-    """A MIL ``axes`` parameter (None = all) as non-negative axes."""
+class OperandError(ValueError):
+    """A kernel cannot run one of its operands: which parameter (``"x"``, ``"values[2]"``) and why. The interpreter
+    adds the op's name and type (``executor.call_kernel``)."""
+
+    def __init__(self, operand: str, why: str):
+        super().__init__(f"operand {operand!r} {why}")
+        self.operand, self.why = operand, why
+
+
+def describe(value) -> str:
+    """An operand as a type and shape for an error message: ``int32[]``, ``fp16[1,2,0,8]``, ``'int16'``."""
+    if isinstance(value, str):
+        return repr(value)
+    arr = np.asarray(value)
+    dtype = next((k for k, v in NP_DTYPES.items() if v == arr.dtype), str(arr.dtype))  # the MIL name: fp16
+    return f"{dtype}[{','.join(map(str, arr.shape))}]"
+
+
+def axis_in(axis, x: np.ndarray, operand: str = "x", extra: int = 0) -> int:
+    """A MIL ``axis`` of ``x`` (``extra``: one past the rank allowed, as expand_dims's) as a non-negative axis; an
+    axis ``x`` does not have is an :class:`OperandError` naming ``operand``."""
+    a, rank = as_int(axis), np.ndim(x) + extra
+    if not -rank <= a < rank:
+        raise OperandError(operand, f"is {describe(x)} (rank {np.ndim(x)}): it has no axis {a}")
+    return a % rank
+
+
+def axes_of(axes, rank: int, operand: str = "x") -> tuple[int, ...] | None:
+    """A MIL ``axes`` parameter (None = all) as non-negative axes; one the operand lacks is an OperandError."""
     if axes is None:
         return None
-    return tuple(a % rank if rank else 0 for a in as_ints(axes))
+    out = []
+    for a in as_ints(axes):
+        if not -rank <= a < rank and not (rank == 0 and a in (0, -1)):
+            raise OperandError(operand, f"has rank {rank}: it has no axis {a}")
+        out.append(a % rank if rank else 0)
+    return tuple(out)

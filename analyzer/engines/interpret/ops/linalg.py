@@ -96,7 +96,19 @@ def matmul(x, y, transpose_x=False, transpose_y=False):
 
 @register("einsum", variadic=("values",))
 def einsum(values, equation):
-    return np.einsum(equation, *(f32(v) for v in values), optimize=True)
+    """NumPy's einsum, after broadcasting a size-1 axis to the size its label has in the other operand: Core ML's
+    einsum broadcasts (coremltools' type inference admits ``h`` of 1 against any ``h`` in ``nchw,nwhu->nchu``),
+    NumPy's does not."""
+    arrays = [f32(v) for v in values]
+    labels = [t.strip() for t in equation.split("->")[0].split(",")]
+    if len(labels) == len(arrays) and all(len(t) == a.ndim and t.isalpha() for t, a in zip(labels, arrays,
+                                                                                            strict=True)):
+        size: dict[str, int] = {}
+        for t, a in zip(labels, arrays, strict=True):
+            for label, d in zip(t, a.shape, strict=True):
+                size[label] = d if size.get(label, 1) == 1 else size[label]
+        arrays = [np.broadcast_to(a, [size[label] for label in t]) for t, a in zip(labels, arrays, strict=True)]
+    return np.einsum(equation, *arrays, optimize=True)
 
 
 def _same_padding(size: int, kernel: int, stride: int, dilation: int, lower: bool) -> tuple[int, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.engines.interpret.ops._common import as_bool, as_float, as_int, axes_of, f32
+from analyzer.engines.interpret.ops._common import as_bool, as_float, axes_of, axis_in, f32
 from analyzer.engines.interpret.registry import register
 from analyzer.engines.interpret.values import CAST_NAMES, np_dtype
 
@@ -47,7 +47,7 @@ for _name, _fn in _REDUCTIONS.items():
 def _arg(fn):
     def kernel(x, axis=-1, keep_dims=False, output_dtype="int32"):
         x = np.asarray(x)
-        out = fn(x, axis=as_int(axis) % x.ndim, keepdims=as_bool(keep_dims))
+        out = fn(x, axis=axis_in(axis, x), keepdims=as_bool(keep_dims))
         return out.astype(np_dtype(CAST_NAMES.get(output_dtype, "int32")))
 
     return kernel
@@ -59,8 +59,8 @@ register("reduce_argmin")(_arg(np.argmin))
 
 @register("softmax")
 def softmax(x, axis=-1):
+    a = axis_in(axis, x)
     x = f32(x)
-    a = as_int(axis)
     e = np.exp(x - np.max(x, axis=a, keepdims=True))
     return e / np.sum(e, axis=a, keepdims=True)
 

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.engines.interpret.ops._common import as_bool, as_bools, as_int, as_ints, axes_of, f32
+from analyzer.engines.interpret.ops._common import (
+    OperandError,
+    as_bool,
+    as_bools,
+    as_int,
+    as_ints,
+    axes_of,
+    axis_in,
+    describe,
+    f32,
+)
 from analyzer.engines.interpret.registry import register
 from analyzer.engines.interpret.values import CAST_NAMES, np_dtype
 
@@ -50,9 +60,13 @@ def transpose(x, perm):
 
 @register("flatten2d")
 def flatten2d(x, axis=1):
+    """``[prod(x.shape[:axis]), prod(x.shape[axis:])]``; a negative axis counts as Python's slices do (``-1``: all
+    but the last axis before), as coremltools' type inference reads it."""
     x = np.asarray(x)
-    a = as_int(axis) % (x.ndim + 1) if as_int(axis) < 0 else as_int(axis)
-    return x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), -1)
+    a = as_int(axis)
+    if not -x.ndim <= a <= x.ndim:
+        raise OperandError("x", f"is {describe(x)} (rank {x.ndim}): flatten2d has no axis {a} for it")
+    return x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), int(np.prod(x.shape[a:], dtype=np.int64)))
 
 
 @register("reverse")
@@ -99,7 +113,8 @@ def slice_update(x, update, begin, end, stride=None, begin_mask=None, end_mask=N
     target = out[index]
     update = np.asarray(update)
     if update.size != target.size:
-        raise ValueError(f"update of shape {list(update.shape)} does not fit the slice of shape {list(target.shape)}")
+        raise OperandError("update", f"is {describe(update)}: it does not fit the slice of shape "
+                                     f"{list(target.shape)} that begin/end select in x {describe(out)}")
     out[index] = update.reshape(target.shape)
     return out
 
@@ -107,7 +122,7 @@ def slice_update(x, update, begin, end, stride=None, begin_mask=None, end_mask=N
 @register("sliding_windows")
 def sliding_windows(x, axis, size, stride=1):
     x = np.asarray(x)
-    a, size, stride = as_int(axis) % x.ndim, as_int(size), as_int(stride)
+    a, size, stride = axis_in(axis, x), as_int(size), as_int(stride)
     win = np.lib.stride_tricks.sliding_window_view(x, size, axis=a)  # [..., n, ..., size]
     win = np.take(win, np.arange(0, win.shape[a], stride), axis=a)
     return np.moveaxis(win, -1, a + 1)
@@ -123,7 +138,7 @@ def gather(x, indices, axis=0, batch_dims=0, validate_indices=False):
     """``out.shape = x.shape[:axis] + indices.shape[batch_dims:] + x.shape[axis+1:]`` (tf.gather); negative
     indices count from the end. A memory-mapped ``x`` (an embedding) is read only at the gathered rows."""
     x, indices = np.asarray(x) if not isinstance(x, np.memmap) else x, np.asarray(indices).astype(np.int64)
-    axis, batch_dims = as_int(axis) % x.ndim, as_int(batch_dims)
+    axis, batch_dims = axis_in(axis, x), as_int(batch_dims)
     if batch_dims == 0:
         return _gather(x, indices, axis)
     batch = x.shape[:batch_dims]
@@ -137,7 +152,7 @@ def gather(x, indices, axis=0, batch_dims=0, validate_indices=False):
 @register("gather_along_axis")
 def gather_along_axis(x, indices, axis=0, validate_indices=False):
     x = np.asarray(x)
-    a = as_int(axis) % x.ndim
+    a = axis_in(axis, x)
     idx = np.asarray(indices).astype(np.int64)
     return np.take_along_axis(x, np.where(idx < 0, idx + x.shape[a], idx), axis=a)
 
@@ -179,7 +194,7 @@ def _scatter_into(out: np.ndarray, index: tuple, updates: np.ndarray, mode: str)
 def scatter(data, indices, updates, axis=0, mode="add", validate_indices=False):
     """``updates.shape = data.shape[:axis] + indices.shape + data.shape[axis+1:]``."""
     out = np.array(f32(data), copy=True)
-    a = as_int(axis) % out.ndim
+    a = axis_in(axis, out, "data")
     idx = np.asarray(indices).astype(np.int64)
     index = (slice(None),) * a + (idx,)
     return _scatter_into(out, index, f32(updates), mode)
@@ -188,7 +203,7 @@ def scatter(data, indices, updates, axis=0, mode="add", validate_indices=False):
 @register("scatter_along_axis")
 def scatter_along_axis(data, indices, updates, axis=0, mode="add", validate_indices=False):
     out = np.array(f32(data), copy=True)
-    a = as_int(axis) % out.ndim
+    a = axis_in(axis, out, "data")
     idx = np.asarray(indices).astype(np.int64)
     idx = np.where(idx < 0, idx + out.shape[a], idx)
     grids = list(np.indices(idx.shape, sparse=True))
@@ -205,8 +220,22 @@ def scatter_nd(data, indices, updates, mode="add", validate_indices=False):
 # ------------------------------------------------------------------------------------------------- joining / splitting
 @register("concat", variadic=("values",))
 def concat(values, axis, interleave=False):
+    """Rank-0 values are read as ``[1]`` (Core ML's reading, and coremltools' type inference): ``ct.convert``
+    writes a shape as ``concat`` of scalars (constants and ``gather``-ed dimensions), a rank-1 result."""
     arrays = [np.asarray(v) for v in values]
-    a = as_int(axis) % arrays[0].ndim
+    if not arrays:
+        raise OperandError("values", "is empty: nothing to concatenate")
+    if all(arr.ndim == 0 for arr in arrays):
+        arrays = [arr.reshape(1) for arr in arrays]
+    for i, arr in enumerate(arrays):
+        if arr.ndim != arrays[0].ndim:
+            raise OperandError(f"values[{i}]", f"is {describe(arr)}, not of the rank of values[0] "
+                                               f"({describe(arrays[0])})")
+    a = axis_in(axis, arrays[0], "values[0]")
+    for i, arr in enumerate(arrays):
+        if arr.shape[:a] + arr.shape[a + 1:] != arrays[0].shape[:a] + arrays[0].shape[a + 1:]:
+            raise OperandError(f"values[{i}]", f"is {describe(arr)}: its sizes off axis {a} differ from values[0]'s "
+                                               f"({describe(arrays[0])})")
     if not as_bool(interleave):
         return np.concatenate(arrays, axis=a)
     # interleave: output[i::n] along axis = values[i]; every input has the same shape
@@ -224,7 +253,7 @@ def stack(values, axis):
 @register("split")
 def split(x, axis, num_splits=None, split_sizes=None):
     x = np.asarray(x)
-    a = as_int(axis) % x.ndim
+    a = axis_in(axis, x)
     if split_sizes is not None:
         sizes = as_ints(split_sizes)
     else:
@@ -314,7 +343,7 @@ def pad(x, pad, mode="constant", constant_val=0.0):
 @register("cumsum")
 def cumsum(x, axis=0, exclusive=False, reverse=False):
     x = f32(x)
-    a = as_int(axis) % x.ndim
+    a = axis_in(axis, x)
     if as_bool(reverse):
         x = np.flip(x, a)
     out = np.cumsum(x, axis=a, dtype=np.float32 if x.dtype.kind == "f" and x.dtype.itemsize <= 4 else None)
@@ -331,13 +360,13 @@ def _sort_order(x: np.ndarray, axis: int, ascending: bool) -> np.ndarray:
 @register("argsort")
 def argsort(x, axis=-1, ascending=False):
     x = np.asarray(x)
-    return _sort_order(x, as_int(axis) % x.ndim, as_bool(ascending)).astype(np.int32)
+    return _sort_order(x, axis_in(axis, x), as_bool(ascending)).astype(np.int32)
 
 
 @register("topk")
 def topk(x, k=1, axis=-1, ascending=False, sort=True, return_indices=True, output_indices_dtype="int32"):
     x = np.asarray(x)
-    a = as_int(axis) % x.ndim
+    a = axis_in(axis, x)
     order = np.take(_sort_order(x, a, as_bool(ascending)), np.arange(as_int(k)), axis=a)
     values = np.take_along_axis(x, order, axis=a)
     return values, order.astype(np_dtype(CAST_NAMES.get(output_indices_dtype, "int32")))
