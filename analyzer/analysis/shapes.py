@@ -200,6 +200,40 @@ def check_static_shapes(given: Mapping[str, tuple[int, ...]], inputs: tuple[Tens
                              "flexible Core ML inputs)")
 
 
+def probe_shapes(ranges: tuple[InputRange, ...], assumed: tuple[AssumedShape, ...]
+                 ) -> list[tuple[str, dict[str, tuple[int, ...]]]]:
+    """Shapes at which a fact found at the stated shapes is checked over the flexible range: (label, input →
+    shape) for the stated shapes, every flexible input at its lower bound, at its default, at its upper bound
+    (an unbounded one stays at its lower bound) and, for enumerated inputs, at each enumerated shape."""
+    flexible = [r for r in ranges if r.flexible]
+    stated = {a.name: a.shape for a in assumed}
+    out = [("the stated shapes", {r.name: stated.get(r.name, r.default) for r in flexible})]
+    lower = {r.name: r.enumerated[0] if r.enumerated else r.lower for r in flexible}
+    upper = {r.name: r.enumerated[-1] if r.enumerated else tuple(lo if hi is None else hi for lo, hi in
+                                                                   zip(r.lower, r.upper, strict=True))
+             for r in flexible}
+    out += [("the lower bounds", lower), ("the defaults", {r.name: r.default for r in flexible}),
+            ("the upper bounds", upper)]
+    counts = {len(r.enumerated) for r in flexible if r.enumerated}
+    if len(counts) == 1:  # enumerated inputs listed in step: their i-th shapes go together
+        for i in range(counts.pop()):
+            shapes = {r.name: r.enumerated[i] if r.enumerated else stated.get(r.name, r.default) for r in flexible}
+            out.append(("enumerated " + " ".join(f"{n}[{','.join(map(str, s))}]" for n, s in shapes.items()), shapes))
+    return out
+
+
+def range_bounds(ranges: tuple[InputRange, ...]) -> dict[str, tuple[tuple[int, ...], tuple[int | None, ...]]]:
+    """Each flexible input's (lower, upper) per axis; an enumerated input's smallest and largest size per axis."""
+    out = {}
+    for r in ranges:
+        if r.enumerated:
+            out[r.name] = (tuple(map(min, zip(*r.enumerated, strict=True))),
+                           tuple(map(max, zip(*r.enumerated, strict=True))))
+        elif r.flexible:
+            out[r.name] = (r.lower, r.upper)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ sizing
 def read_sized(path: str | Path, function: str | None = None,
                given: Mapping[str, tuple[int, ...]] | None = None) -> MilProgram:

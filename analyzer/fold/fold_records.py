@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 # The Core ML pass's (``gqa_fold``) name and version, here so the fold cache's keys are made without coremltools.
 # Bump when the rewrite changes what it emits: folded packages are cached under (package hash, PASS_VERSION).
-PASS_VERSION = 2
+PASS_VERSION = 3
 PASS_NAME = "qfold::fold_gqa_replication"
 
 
@@ -38,6 +38,9 @@ class CopyDecision:
     chain: str = ""  # e.g. "expand_dims → tile → reshape"
     kv_heads: int = 0
     group: int = 0
+    op_type: str = "tile"  # the op that copies: tile, gather, concat (Core AI: coreai.broadcast_in_dims, ...)
+    reps: tuple[int, ...] | None = None  # a tile's repeats (None for a gather or concat copy, or not evaluated)
+    reps_from: str | None = None  # "constant" (its reps input), "program" (computed at run time), None
 
 
 @dataclass(frozen=True, slots=True)

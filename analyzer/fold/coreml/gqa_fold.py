@@ -25,13 +25,18 @@ from analyzer.fold.coreml.gqa_pattern import (
     CHAIN_OPS,
     SOURCE_WALK,
     CopyDecision,
+    FoldContext,
     FoldLayout,
     Refusal,
     Replica,
     ReplicaUse,
+    RepsFinder,
+    Sizes,
     maybe_fold,
     plain_shape,
+    stated_reps,
 )
+from analyzer.fold.coreml.reps import RepsProof
 from analyzer.ir.replication import IndexCache, Replication
 
 
@@ -97,25 +102,29 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
 
     def __init__(self) -> None:
         self.decisions: list[CopyDecision] = []
+        # per function: the shapes at the stated shapes, the flexible ranges, the repeats' probes (package.py sets
+        # them for a saved package; a Program built in memory has none, and computed repeats are left, with why)
+        self.contexts: dict[str, FoldContext] = {}
 
     def apply(self, prog: Program) -> None:
         self.decisions = []
         for name, f in prog.functions.items():
-            self._fold_block(f, name)
+            self._fold_block(f, name, RepsFinder(f, self.contexts.get(name, FoldContext())))
 
     @block_context_manager
-    def _fold_block(self, block: Block, function: str) -> None:
+    def _fold_block(self, block: Block, function: str, finder: RepsFinder) -> None:
         for op in list(block.operations):
             for b in op.blocks:
-                self._fold_block(b, function)
+                self._fold_block(b, function, finder)
         cache = IndexCache()
         tiles = [op for op in block.operations if op.op_type == "tile"]
         replicas: dict[tuple[int, str], tuple[Replica, ReplicaUse]] = {}
         refusals: dict[int, str] = {}
         found: dict[int, Replica] = {}
         verdicts: dict[int, Replication | None] = {}
+        proofs: dict[int, RepsProof | None] = {}
         for tile in tiles:
-            m, verdicts[id(tile)] = maybe_fold(tile, block, cache)
+            m, verdicts[id(tile)], proofs[id(tile)] = maybe_fold(tile, block, cache, finder)
             if isinstance(m, Refusal):
                 refusals[id(tile)] = m.reason
                 continue
@@ -128,7 +137,8 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
         for tile in tiles:
             rep = found.get(id(tile))
             reason = refusals.get(id(tile)) or folder.refused.get(id(tile), "")
-            self.decisions.append(self._decision(function, tile, rep, reason, verdicts[id(tile)]))
+            self.decisions.append(self._decision(function, tile, rep, reason, verdicts[id(tile)], proofs[id(tile)],
+                                                 finder.context))
         remove_dead(block, [*folder.region.admitted, *self._chain_ops(found.values())])
 
     @staticmethod
@@ -149,11 +159,16 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
         return ops
 
     @staticmethod
-    def _decision(function: str, tile: Operation, rep: Replica | None, reason: str, verdict: Replication | None
-                  ) -> CopyDecision:
+    def _decision(function: str, tile: Operation, rep: Replica | None, reason: str, verdict: Replication | None,
+                  proof: RepsProof | None, context: FoldContext) -> CopyDecision:
+        if tile.reps.val is not None:
+            reps, reps_from = tuple(int(r) for r in tile.reps.val), "constant"
+        else:
+            reps, reps_from = (proof.reps if proof is not None else None) or stated_reps(
+                tile, Sizes(known=context.known)), "program"
         common = dict(function=function, name=tile.outputs[0].name, input_shape=plain_shape(tile.x.shape),
                       output_shape=plain_shape(tile.outputs[0].shape),
-                      replication=verdict is not None and verdict.is_kv)
+                      replication=verdict is not None and verdict.is_kv, reps=reps, reps_from=reps_from)
         if rep is None:
             extra = {}
             if verdict is not None and verdict.is_kv:

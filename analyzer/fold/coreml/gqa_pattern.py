@@ -7,12 +7,14 @@ from the facts :func:`tile_facts` reads here (the walker reads the same facts of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
-from coremltools.converters.mil.mil import Block, Operation, Var
+from coremltools.converters.mil.mil import Block, Function, Operation, Var
 from coremltools.converters.mil.mil.types.symbolic import any_symbolic, is_symbolic
 
+from analyzer.fold.coreml.reps import ProbeReps, RepsProof, SymbolicValues, input_symbols, prove_reps
 from analyzer.fold.fold_records import CopyDecision, Refusal  # noqa: F401  (CopyDecision re-exported for gqa_fold)
 from analyzer.ir.replication import (
     ATTENTION_WEIGHT_OPS,
@@ -129,14 +131,24 @@ def plain_shape(shape) -> tuple[int | None, ...]:
 
 
 class Sizes:
-    """One placeholder size ``n`` for every symbolic dimension of a chain (``replication.PLACEHOLDER_SIZES``), so
-    a chain over a flexible sequence or query length is evaluated as one concrete chain (the head mapping of a
-    constant-reps tile does not depend on those lengths). A dimension coremltools derived from others
-    (``is0*is1/16`` after a ``reshape(-1)``) is evaluated at the same ``n``; one that is not a whole number
-    there makes :meth:`dims` return None, and the reader tries the next size."""
+    """Concrete sizes for a chain's shapes. A var whose size at the stated shapes is ``known`` (the package's
+    flexible inputs at the shapes its analysis assumes, one interpreter run: ``analyzer.analysis.shapes``) has
+    that size. Otherwise one placeholder size ``n`` stands for every symbolic dimension
+    (``replication.PLACEHOLDER_SIZES``), so a chain over a flexible sequence or query length is evaluated as one
+    concrete chain (the head mapping of a constant-reps tile does not depend on those lengths). A dimension
+    coremltools derived from others (``is0*is1/16`` after a ``reshape(-1)``) is evaluated at the same ``n``; one
+    that is not a whole number there makes :meth:`dims` return None, and the reader tries the next size."""
 
-    def __init__(self, n: int = PLACEHOLDER_SIZES[0]) -> None:
+    def __init__(self, n: int = PLACEHOLDER_SIZES[0], known: Mapping[str, tuple[int, ...]] | None = None) -> None:
         self.n = n
+        self.known = known or {}
+
+    def of(self, var: Var) -> tuple[int, ...] | None:
+        """The var's concrete shape: as known at the stated shapes, else :meth:`dims` of its declared shape."""
+        known = self.known.get(var.name)
+        if known is not None and var.shape is not None and len(known) == len(var.shape):
+            return tuple(known)
+        return self.dims(var.shape)
 
     def dims(self, shape) -> tuple[int, ...] | None:
         if shape is None:
@@ -153,12 +165,15 @@ class Sizes:
         return tuple(out)
 
 
-def _step(op: Operation, sizes: Sizes) -> ViewStep | None:
-    out = sizes.dims(op.outputs[0].shape)
+def _step(op: Operation, sizes: Sizes, reps: tuple[int, ...] | None = None) -> ViewStep | None:
+    """The op as a backend-neutral step at ``sizes``; a tile's repeats are its constant ``reps`` or, computed at run
+    time, ``reps`` (their value over the range, or at the stated shapes)."""
+    out = sizes.of(op.outputs[0])
     if out is None:
         return None
     if op.op_type == "tile":
-        return None if op.reps.val is None else ViewStep("tile", out, reps=tuple(int(r) for r in op.reps.val))
+        reps = tuple(int(r) for r in op.reps.val) if op.reps.val is not None else reps
+        return None if reps is None else ViewStep("tile", out, reps=reps)
     if op.op_type == "transpose":
         return None if op.perm.val is None else ViewStep("transpose", out,
                                                            perm=tuple(int(p) % len(out) for p in op.perm.val))
@@ -217,18 +232,28 @@ def _source_candidates(tile: Operation) -> list[tuple[Var, list[Operation]]]:
         var, path = data, [op, *path]
 
 
-def tile_facts(tile: Operation, block: Block, sizes: Sizes
+def stated_reps(tile: Operation, sizes: Sizes) -> tuple[int, ...] | None:
+    """A tile's repeats at the stated shapes: its output's size over its input's, axis by axis, both as one
+    interpreter run sized them (None when either is not known)."""
+    x, out = sizes.known.get(tile.x.name), sizes.known.get(tile.outputs[0].name)
+    if x is None or out is None or len(x) != len(out) or any(i == 0 or o % i for i, o in zip(x, out, strict=True)):
+        return None
+    return tuple(o // i for i, o in zip(x, out, strict=True))
+
+
+def tile_facts(tile: Operation, block: Block, sizes: Sizes, reps: tuple[int, ...] | None = None
                ) -> tuple[CopyFacts, list, list] | Refusal:
     """The backend-neutral facts of a tile in a pymil block (the same facts ``analyzer.ir.opfacts`` reads off
-    a walked package), with the uses and source candidates they were read from."""
-    if tile.reps.val is None:
-        return Refusal("its reps are not constant")
+    a walked package), with the uses and source candidates they were read from. ``reps``: the repeats of a tile
+    whose ``reps`` are computed at run time (:func:`maybe_fold` finds them)."""
+    if tile.reps.val is None and reps is None:
+        return Refusal("its reps are computed at run time and were not evaluated at the stated shapes")
     uses = _forward_uses(tile, block)
     if isinstance(uses, Refusal):
         return uses
     candidates = []
     for depth, (var, back) in enumerate(_source_candidates(tile)):
-        shape, steps = sizes.dims(var.shape), [_step(op, sizes) for op in back]
+        shape, steps = sizes.of(var), [_step(op, sizes, reps) for op in back]
         if shape is None or any(s is None for s in steps):
             break
         candidates.append(SourceCandidate(shape, tuple(steps), depth))
@@ -238,36 +263,74 @@ def tile_facts(tile: Operation, block: Block, sizes: Sizes
         if any(s is None for s in steps):
             return Refusal("its chain's symbolic shapes cannot be sized")
         reads.append(CopyRead(consumer.op_type, consumer.name, _read_kind(consumer, param), tuple(steps), param))
-    in_shape, out_shape = sizes.dims(tile.x.shape), sizes.dims(tile.outputs[0].shape)
+    in_shape, out_shape = sizes.of(tile.x), sizes.of(tile.outputs[0])
     if not candidates or in_shape is None or out_shape is None:
         return Refusal("its shapes cannot be sized")
     return CopyFacts(tile.outputs[0].name, in_shape, out_shape, tuple(candidates), tuple(reads)), uses, \
         _source_candidates(tile)
 
 
-def maybe_fold(tile: Operation, block: Block, cache: IndexCache | None = None
-               ) -> tuple[Replica | Refusal, Replication | None]:
+@dataclass(frozen=True)
+class FoldContext:
+    """What the pass knows of one function beyond the program: every value's shape at the stated shapes (the
+    flexible inputs at the shapes the analysis assumes), the flexible inputs' ranges (name → (lower, upper)), and
+    a way to evaluate a tile's repeats at the range's bounds and default (``reps.ProbeReps``). Empty for a
+    program of static shapes."""
+
+    known: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    ranges: Mapping[str, tuple[tuple[int, ...], tuple[int | None, ...]]] = field(default_factory=dict)
+    probe: ProbeReps | None = None
+
+
+class RepsFinder:
+    """One function's computed repeats: each tile's :class:`~analyzer.fold.coreml.reps.RepsProof`, made once."""
+
+    def __init__(self, function: Function | None, context: FoldContext) -> None:
+        self.context, self.values = context, SymbolicValues()
+        self.symbols = input_symbols(function) if function is not None else {}
+        self._proofs: dict[int, RepsProof] = {}
+
+    def proof(self, tile: Operation) -> RepsProof:
+        if id(tile) not in self._proofs:
+            self._proofs[id(tile)] = prove_reps(tile, self.symbols, self.context.ranges, self.values,
+                                                self.context.probe)
+        return self._proofs[id(tile)]
+
+
+def maybe_fold(tile: Operation, block: Block, cache: IndexCache | None = None, finder: RepsFinder | None = None
+               ) -> tuple[Replica | Refusal, Replication | None, RepsProof | None]:
     """Resolve a tile to the K/V heads it replicates and the attention operands that read them, or say why
     it is not (``analyzer.ir.replication.classify_copy``) or why the pass cannot rewrite it. Returns the
-    replica or refusal and the classifier's verdict (None when the facts could not be read)."""
+    replica or refusal, the classifier's verdict (None when the facts could not be read) and, for repeats computed
+    at run time, their proof over the flexible range (None for constant ``reps``).
+
+    Computed repeats: the classifier decides on their value at the stated shapes; the copy is folded only where
+    :func:`~analyzer.fold.coreml.reps.prove_reps` shows that value holds over the whole range, else it is left
+    with the reason (``repeats depend on NAME[axis] over LO..HI``)."""
     cache = cache or IndexCache()
+    finder = finder or RepsFinder(None, FoldContext())
+    proof = finder.proof(tile) if tile.reps.val is None else None
+    reps = proof.reps if proof is not None and proof.reps is not None else None
+    reps = reps or stated_reps(tile, Sizes(known=finder.context.known))
     for n in PLACEHOLDER_SIZES:  # symbolic dimensions: the first size at which every dimension is whole
-        found = tile_facts(tile, block, Sizes(n))
+        found = tile_facts(tile, block, Sizes(n, finder.context.known), reps)
         if not isinstance(found, Refusal) or not found.reason.startswith("its "):
             break
     if isinstance(found, Refusal):
-        return found, None
+        return found, None, proof
     facts, uses, candidates = found
     verdict = classify_copy(facts, cache)
     if not verdict.is_kv:
-        return Refusal(verdict.reason), verdict
+        return Refusal(verdict.reason), verdict, proof
+    if proof is not None and not proof.proved:
+        return Refusal(proof.reason), verdict, proof
     for (_, consumer, _, _), read in zip(uses, facts.reads, strict=True):
         if read.kind == MATMUL_LHS:
             return Refusal(f"is the left operand of matmul {consumer.name!r} (only K or V on the right is "
-                           "folded)"), verdict
+                           "folded)"), verdict, proof
     shapes = {shape_of(var) for var, *_ in uses}
     if len(shapes) != 1:
-        return Refusal(f"its copies are read in different shapes {sorted(map(plain_shape, shapes))}"), verdict
+        return Refusal(f"its copies are read in different shapes {sorted(map(plain_shape, shapes))}"), verdict, proof
     r_shape = shapes.pop()
     source, back = candidates[verdict.source_depth]
     hkv, swapped = verdict.kv_heads, verdict.reads[0].swapped
@@ -275,9 +338,9 @@ def maybe_fold(tile: Operation, block: Block, cache: IndexCache | None = None
     source_shape = (*r_shape[:-3], hkv, a, b)
     path_casts = {tuple(op.dtype.val for op in back + forward if op.op_type == "cast") for *_, forward in uses}
     if len(path_casts) != 1:
-        return Refusal("its copies are cast differently on different paths"), verdict
+        return Refusal("its copies are cast differently on different paths"), verdict, proof
     casts = tuple(op for op in back + uses[0][3] if op.op_type == "cast")
     chain = tuple(op.op_type for op in back + uses[0][3])
     replica_uses = tuple(ReplicaUse(var, consumer, param, m.kv_map, m.swapped)
                          for (var, consumer, param, _), m in zip(uses, verdict.reads, strict=True))
-    return Replica(tile, source, source_shape, casts, replica_uses, chain), verdict
+    return Replica(tile, source, source_shape, casts, replica_uses, chain), verdict, proof

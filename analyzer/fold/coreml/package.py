@@ -23,8 +23,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+
 from analyzer.analysis.accounting import account
-from analyzer.analysis.shapes import read_sized
+from analyzer.analysis.shapes import input_ranges, probe_shapes, range_bounds, read_sized
 from analyzer.errors import FoldError, MilError
 from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION, FoldReport, FunctionBytes, WeightCheck
 from analyzer.fsio import check_disjoint, copy_tree, open_regular, replace_dir, tree_files
@@ -142,6 +144,7 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True,
         program.export_as_multifunction = True
     lap("load_s")
     graph_pass = fold_gqa_replication()
+    graph_pass.contexts = {fn: _context(pkg, before[fn]) for fn in functions}
     graph_pass(program)
     program.validate()
     decisions = tuple(graph_pass.decisions)
@@ -183,6 +186,53 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True,
         for fn in functions
     )
     return FoldReport("coreml", str(pkg), str(dst), PASS_NAME, PASS_VERSION, decisions, rows, weights, timings)
+
+
+def _context(pkg: Path, sized: MilProgram):
+    """What the pass knows of a function beyond its program: every value's size at the stated shapes (the sized
+    walk), the flexible inputs' ranges, and the repeats of a tile at the range's probe shapes (one interpreter run
+    per probe, made when a tile's repeats cannot be shown constant on symbols)."""
+    from analyzer.fold.coreml.gqa_pattern import FoldContext
+
+    known = {t.name: tuple(t.shape) for op in sized.ops for t in (*op.outputs, *(r.tensor for r in op.inputs))
+             if not t.symbolic}
+    known.update({t.name: tuple(t.shape) for t in sized.inputs if not t.symbolic})
+    ranges = input_ranges(pkg, sized.function)
+    if not any(r.flexible for r in ranges):
+        return FoldContext(known)
+    runs: dict[str, dict[str, tuple[int, ...]] | str] = {}
+    probes = probe_shapes(ranges, sized.assumed_shapes)
+
+    def probe(x: str, out: str) -> list:
+        found = []
+        for label, shapes in probes:
+            if label not in runs:
+                runs[label] = _shapes_at(pkg, sized.function, shapes)
+            run = runs[label]
+            if isinstance(run, str):
+                found.append((shapes, label, run))
+            elif x in run and out in run and len(run[x]) == len(run[out]) and all(run[x]):
+                found.append((shapes, label, tuple(o // i for i, o in zip(run[x], run[out], strict=True))))
+            else:
+                found.append((shapes, label, "the tile is not computed there"))
+        return found
+
+    return FoldContext(known, range_bounds(ranges), probe)
+
+
+def _shapes_at(pkg: Path, function: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]] | str:
+    """Every value's shape from one interpreter run on zero inputs of ``shapes``, or why it cannot run."""
+    from analyzer.engines.interpret import load_interpreter
+    from analyzer.engines.interpret.values import np_dtype
+    from analyzer.errors import QfoldError
+
+    try:
+        interp = load_interpreter(pkg, function)
+        feed = {t.name: np.zeros(shapes.get(t.name) or tuple(d or 1 for d in t.shape), dtype=np_dtype(t.dtype))
+                for t in interp.inputs}
+        return interp.value_shapes(feed)
+    except QfoldError as e:
+        return str(e)
 
 
 def _function_names(pkg: Path) -> tuple[str, ...]:
