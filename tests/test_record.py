@@ -40,7 +40,12 @@ def test_v1_fixture_is_small_and_of_the_previous_schema(v1_doc):
 def test_v1_is_migrated_to_the_figures_it_was_stored_with(v1_doc):
     a = read_analysis_file(V1)
     assert a.migrated_from == 1 and a.file == str(V1)
-    assert a.summary.to_json() == v1_doc["summary"]
+    summary = a.summary.to_json()
+    added = ("op_type", "reason", "reps", "reps_from")  # issue #37: what each copy is and why, derived again
+    assert {**summary, "tiles": [{k: v for k, v in t.items() if k not in added} for t in summary["tiles"]]} == \
+        v1_doc["summary"]
+    assert [(t["op_type"], t["reps_from"]) for t in summary["tiles"]] == [("tile", "constant")] * 4
+    assert all(t["reason"].startswith("copies whole K/V heads for attention") for t in summary["tiles"])
     assert a.bytes_per_token.to_json() == v1_doc["bytes"]["bytes_per_token"]
     assert [r.to_json() for r in a.bytes_by_layer] == v1_doc["bytes"]["bytes_by_layer"]
     # every figure stored then is read back the same; rows now also say how a weight is stored (granularity,

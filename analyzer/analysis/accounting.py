@@ -64,7 +64,8 @@ def account(program: MilProgram, weight_charge: WeightCharge = DEFAULT_WEIGHT_CH
     unruled: set[str] = set()
     unsized: list[UnsizedTensor] = []
     for op in program.ops:
-        rule = RULES.get(op.kind)
+        # a copy of K/V heads is replication whatever op makes it (a tile, a repeating gather or concat)
+        rule = RULES["tile"] if op.tile_kind == "kv_replication" else RULES.get(op.kind)
         if rule is None:
             unruled.add(op.type)
             rule = ComputeRule

@@ -286,8 +286,10 @@ class SliceUpdateRule(ByteRule):
 
 @register_rule("tile")
 class TileRule(ByteRule):
-    """A ``kv_replication`` tile reads the cache (``kv_read``) and writes G copies of it
-    (``replication``); its readers' reads are ``replication`` too. Other tiles are generic compute."""
+    """A ``kv_replication`` copy reads the cache (``kv_read``) and writes G copies of it (``replication``); its
+    readers' reads are ``replication`` too. It charges every copy of K/V heads, whatever op makes it: a tile, a
+    ``gather`` whose index repeats heads, a ``concat`` of one tensor G times (``accounting.account`` gives it every
+    op the walk classified ``kv_replication``). Other tiles are generic compute."""
 
     name = "tile"
 
@@ -300,7 +302,9 @@ class TileRule(ByteRule):
         if op.tile_kind != "kv_replication":
             return ComputeRule.account(op, ctx)
         counts = _empty()
-        _charge_reads(op.inputs, ctx, counts)
+        # the source is read once (a concat names it G times); a gather's constant index is where, not data
+        data = {r.tensor.name: r for r in op.inputs if r.param != "indices"}
+        _charge_reads(data.values(), ctx, counts)
         counts["replication"] += op.output_bytes
         return _op_bytes(op, cls.name, counts)
 

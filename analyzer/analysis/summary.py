@@ -1,4 +1,5 @@
-"""What a program holds at a glance: op counts (with and without ``const``) and its ``tile`` ops."""
+"""What a program holds at a glance: op counts (with and without ``const``) and its copies (``tile`` ops, and any
+``gather`` or ``concat`` that repeats its input), each with what the replication classifier says of it."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ from typing import Any
 
 from analyzer.ir.coreai.dialect import kind_of
 from analyzer.ir.mil_records import MilProgram, OpRecord
+from analyzer.ir.opfacts import CopyVerdict, copy_verdicts
 
 Shape = tuple[int | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class TileRow:
-    """One ``tile`` op: where it is, what it copies into what, and how many bytes it writes."""
+    """One copy (a ``tile``, a repeating ``gather`` or ``concat``): where it is, what it copies into what, how many
+    bytes it writes, and whether it is KV replication for attention and why."""
 
     name: str
     layer: int | None
@@ -22,24 +25,27 @@ class TileRow:
     dtype: str
     output_bytes: int | None  # None when a dimension is symbolic (the byte account lists it as unsized)
     kind: str | None  # "kv_replication" | "other"
-    op_type: str = "tile"  # a Core AI program's copies are "coreai.broadcast_in_dims" or "coreai.tile"
+    op_type: str = "tile"  # the op that copies: tile, gather, concat; Core AI's coreai.broadcast_in_dims, ...
     # inside a Core AI composite's fallback body (counted once per call): the composite's name; None elsewhere
     composite: str | None = None
+    reason: str = ""  # why it is KV replication for attention (what it replicates) or why not: the classifier's
+    reps: tuple[int, ...] | None = None  # a tile's repeats; None for a gather or concat copy
+    reps_from: str | None = None  # "constant" (its reps input) | "program" (computed at run time) | None
 
     @classmethod
-    def of(cls, op: OpRecord) -> TileRow:
-        x = next((r.tensor for r in op.inputs if r.param == "x"), None)
+    def of(cls, op: OpRecord, verdict: CopyVerdict | None = None) -> TileRow:
+        x = next((r.tensor for r in op.inputs if r.param in ("x", "values")), None)
         out = op.outputs[0]
         return cls(op.name, op.layer, x.shape if x else None, out.shape, out.dtype, out.nbytes, op.tile_kind,
-                   op.type, op.composite)
+                   op.type, op.composite, verdict.reason if verdict else "", verdict.reps if verdict else None,
+                   verdict.reps_from if verdict else None)
 
     def to_json(self) -> dict[str, Any]:
         out = {"name": self.name, "layer": self.layer,
                "input_shape": None if self.input_shape is None else list(self.input_shape),
                "output_shape": list(self.output_shape), "dtype": self.dtype, "output_bytes": self.output_bytes,
-               "kind": self.kind}
-        if self.op_type != "tile":  # a Core ML tile's row is as it always was
-            out["op_type"] = self.op_type
+               "kind": self.kind, "op_type": self.op_type, "reason": self.reason,
+               "reps": None if self.reps is None else list(self.reps), "reps_from": self.reps_from}
         if self.composite is not None:
             out["composite"] = self.composite
         return out
@@ -53,7 +59,9 @@ class ProgramSummary:
 
     @classmethod
     def of(cls, program: MilProgram) -> ProgramSummary:
-        return cls(program.total_ops, program.op_counts(), tuple(TileRow.of(op) for op in program.tiles()))
+        verdicts = copy_verdicts(program.ops)  # the reasons (the kinds are the records' own)
+        return cls(program.total_ops, program.op_counts(),
+                   tuple(TileRow.of(op, verdicts.get(op.index)) for op in program.tiles()))
 
     @property
     def const_ops(self) -> int:

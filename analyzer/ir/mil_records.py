@@ -73,7 +73,7 @@ class OpRecord:
     inputs: tuple[InputRef, ...]
     outputs: tuple[TensorInfo, ...]
     const_bytes: int  # const ops: stored size of their value
-    tile_kind: str | None = None  # tiles only: "kv_replication" or "other"
+    tile_kind: str | None = None  # copies only (tiles, repeating gathers and concats): "kv_replication" or "other"
     const_zero: bool = False  # const ops: every stored element is 0 (coremltools adds zero biases to linears)
     parent: int | None = None  # the op (cond, while_loop, a Core AI invoke) whose nested block holds this op
     # a Core AI composite's fallback body inlined per call (analyzer.ir.coreai.walk): the composite's declared
@@ -129,8 +129,10 @@ class MilProgram:
         return dict(sorted(Counter(op.type for op in self.ops).items(), key=lambda kv: (-kv[1], kv[0])))
 
     def tiles(self) -> list[OpRecord]:
-        """Ops that copy data into a larger tensor: MIL ``tile``; Core AI ``tile``, ``broadcast_in_dims``, ..."""
-        return [op for op in self.ops if op.kind == "tile"]
+        """Ops that copy data into a larger tensor, whatever op makes the copy: MIL ``tile``; Core AI ``tile``,
+        ``broadcast_in_dims``, ...; and a ``gather`` or ``concat`` the walk found repeating its input
+        (``analyzer.ir.opfacts.copy_step``: its ``tile_kind`` is set)."""
+        return [op for op in self.ops if op.kind == "tile" or op.tile_kind is not None]
 
     @property
     def backend(self) -> str:

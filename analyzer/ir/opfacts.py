@@ -9,7 +9,7 @@ come from the current rules.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import permutations
 
 from analyzer.ir.layer_order import order_layers
@@ -94,20 +94,83 @@ def propagate_layers(ops) -> list[OpRecord]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class CopyVerdict:
+    """What one copy is, for the records and ``inspect``: its kind ("kv_replication" | "other"), why (the
+    classifier's reason, or what it replicates), its repeats (a tile's; None for a gather or concat) and where they
+    come from ("constant": its ``reps`` input; "program": computed at run time, here sized at the stated shapes)."""
+
+    kind: str
+    reason: str
+    reps: tuple[int, ...] | None
+    reps_from: str | None
+
+
 def classify_copies(ops: list[OpRecord]) -> list[OpRecord]:
-    """A copy (an op of kind ``tile``: MIL's ``tile``, Core AI's ``broadcast_in_dims`` / ``tile``) is
-    ``kv_replication`` when :func:`analyzer.ir.replication.classify_copy` says it copies whole K/V heads for
-    attention (the facts read off the records by :func:`copy_facts`), else ``other``."""
+    """A copy (:func:`copy_step`: a tile, a repeating gather, a concat of one tensor) is ``kv_replication`` when
+    :func:`analyzer.ir.replication.classify_copy` says it copies whole K/V heads for attention (the facts read off
+    the records by :func:`copy_facts`), else ``other``; any other op keeps ``tile_kind`` None."""
+    verdicts = copy_verdicts(ops)
+    return [replace(op, tile_kind=verdicts[op.index].kind) if op.index in verdicts else op for op in ops]
+
+
+def copy_verdicts(ops) -> dict[int, CopyVerdict]:
+    """Every copy's :class:`CopyVerdict`, by op index."""
     consumers = consumer_map(ops)
     cache = IndexCache()
-    out = []
+    out = {}
     for op in ops:
-        if op.kind == "tile":
-            facts = copy_facts(ops, consumers, op)
-            is_kv = isinstance(facts, CopyFacts) and classify_copy(facts, cache).is_kv
-            op = replace(op, tile_kind="kv_replication" if is_kv else "other")
-        out.append(op)
+        own = copy_step(op)
+        if own is None and op.kind != "tile":
+            continue
+        facts = copy_facts(ops, consumers, op)
+        if isinstance(facts, str):
+            kind, reason = "other", facts
+        else:
+            verdict = classify_copy(facts, cache)
+            kind = "kv_replication" if verdict.is_kv else "other"
+            reason = verdict.reason if not verdict.is_kv else (
+                f"copies whole K/V heads for attention: {verdict.query_heads} query heads read {verdict.kv_heads} "
+                f"KV heads (G = {verdict.group})")
+        reps = own.reps if own is not None and own.kind == "tile" and op.kind == "tile" else None
+        ref = _ref(op, "reps")
+        reps_from = None if reps is None else "constant" if ref is None or ref.is_const else "program"
+        out[op.index] = CopyVerdict(kind, reason, reps, reps_from)
     return out
+
+
+def copy_step(op: OpRecord) -> ViewStep | None:
+    """The op's own step when it copies elements into a larger tensor, else None: a tile or broadcast (its
+    repeats constant, or computed and sized at the stated shapes), a ``gather`` whose constant index repeats an
+    element (``index_select``), a ``concat`` of one tensor n times (interleaved: each element n times in a row)."""
+    if op.kind == "tile":
+        return _step(op)
+    if not op.outputs or any(d is None for d in op.outputs[0].shape):
+        return None
+    out = _dims(op.outputs[0].shape)
+    if op.kind == "gather":
+        x, idx, axis, batch = (_ref(op, p) for p in ("x", "indices", "axis", "batch_dims"))
+        if x is None or x.is_const or idx is None or idx.value is None or len(idx.tensor.shape) != 1 or (
+                batch is not None and batch.value not in (None, (0,))):
+            return None
+        rank = len(x.tensor.shape)
+        a = (axis.value[0] if axis is not None and axis.value else 0) % max(rank, 1)
+        size = x.tensor.shape[a]
+        if size is None or len(set(idx.value)) == len(idx.value):
+            return None  # a permutation (or a gather at a computed size) copies nothing twice
+        return ViewStep("gather", out, axis=a, indices=tuple(i % size for i in idx.value))
+    if op.kind == "concat":
+        values = [r for r in op.inputs if r.param.startswith("values")]
+        axis, inter = _ref(op, "axis"), _ref(op, "interleave")
+        if len(values) < 2 or len({r.tensor.name for r in values}) != 1 or axis is None or not axis.value:
+            return None
+        rank = len(out)
+        a, n = axis.value[0] % rank, len(values)
+        if inter is not None and inter.value and inter.value[0]:  # element i of the axis n times in a row
+            size = out[a] // n
+            return ViewStep("gather", out, axis=a, indices=tuple(j // n for j in range(size * n)))
+        return ViewStep("tile", out, reps=tuple(n if ax == a else 1 for ax in range(rank)))
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ copy facts
@@ -163,13 +226,14 @@ def _read_kind(ops, consumer: OpRecord, param: str) -> str:
 
 
 def copy_facts(ops, consumers: dict[int, list[int]], tile: OpRecord) -> CopyFacts | str:
-    """What :func:`~analyzer.ir.replication.classify_copy` needs about a copy, read off the op records:
-    its source candidates (back through views and transposes only the chain reads) and every operand it
-    reaches through views, transposes and casts; or why the facts cannot be read."""
-    x = _ref(tile, "x")
-    own = _step(tile)
+    """What :func:`~analyzer.ir.replication.classify_copy` needs about a copy (a tile, a repeating gather, a
+    concat of one tensor), read off the op records: its source candidates (back through views and transposes only
+    the chain reads) and every operand it reaches through views, transposes and casts; or why the facts cannot
+    be read."""
+    x = _ref(tile, "x") or next((r for r in tile.inputs if r.param.startswith("values")), None)
+    own = copy_step(tile)
     if x is None or own is None or not tile.outputs:
-        return "its input or reps cannot be read"
+        return "its input or repeats cannot be read (computed at run time, and not sized)"
     sources = [SourceCandidate(_dims(x.tensor.shape), (own,), 0)]
     ref, steps, depth = x, (own,), 0
     while ref.producer is not None:

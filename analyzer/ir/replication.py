@@ -1,10 +1,12 @@
 """What is KV replication for attention: the one classifier every reader of a graph asks.
 
-A *copy* is an op that makes a tensor larger by repeating its elements (MIL ``tile``, Core AI ``tile`` /
-``broadcast_in_dims``). It is **KV replication** when it copies whole heads of K or V so that each query head has
-its own, and what it makes is read by attention. :func:`classify_copy` decides that from backend-neutral facts
-(:class:`CopyFacts`), which each backend's reader extracts from its own graph (``analyzer.ir.opfacts`` from the
-walked op records, ``analyzer.fold.coreml.gqa_pattern`` from a pymil Program):
+A *copy* is an op that makes a tensor larger by repeating its elements: MIL ``tile`` (constant or computed
+repeats), a ``gather`` whose constant index repeats an element (``index_select``), a ``concat`` of one tensor n
+times (``torch.cat([k] * G)``), Core AI ``tile`` / ``broadcast_in_dims`` / ``gather``. It is **KV replication**
+when it copies whole heads of K or V so that each query head has its own, and what it makes is read by attention.
+:func:`classify_copy` decides that from backend-neutral facts (:class:`CopyFacts`), which each backend's reader
+extracts from its own graph (``analyzer.ir.opfacts`` from the walked op records, ``analyzer.fold.coreml.gqa_pattern``
+from a pymil Program, ``analyzer.fold.coreai.rewrite`` from a Core AI module):
 
 - the **source**: the un-copied tensor, tried from the copy's own input back through the views and layout
   transposes only the chain reads (:class:`SourceCandidate`, shallowest first);
@@ -43,7 +45,7 @@ WEIGHT_PATH_OPS = frozenset({"slice_by_index", "slice_by_size", "split", "cast",
 MAX_WEIGHT_PATH = 4
 
 # Step kinds a reader maps its ops to (all move elements only; a cast is an "identity" here).
-STEP_KINDS = frozenset({"reshape", "transpose", "tile", "broadcast", "identity"})
+STEP_KINDS = frozenset({"reshape", "transpose", "tile", "broadcast", "gather", "identity"})
 # Placeholder sizes for symbolic dimensions, when a reader evaluates a chain whose shapes are flexible: the
 # mapping of a tile with constant reps does not depend on the sequence or query length. Tried in order: 7 and 13
 # are unlike any head count or head dim (an axis mix-up cannot pass by coincidence); 48 divides what
@@ -61,13 +63,16 @@ SHRUNK_SIZE = PLACEHOLDER_SIZES[1]  # 13: unlike any head count or head dim, and
 @dataclass(frozen=True, slots=True)
 class ViewStep:
     """One element-moving step, backend-neutral: ``reshape`` (any view, incl. expand_dims/squeeze) to
-    ``out_shape``, ``transpose`` by ``perm``, ``tile`` by ``reps``, ``broadcast`` to ``out_shape``, ``identity``
-    (a cast: values change, positions do not)."""
+    ``out_shape``, ``transpose`` by ``perm``, ``tile`` by ``reps`` (also a ``concat`` of one tensor n times),
+    ``broadcast`` to ``out_shape``, ``gather`` of ``indices`` along ``axis`` (``index_select``; a ``concat`` of
+    one tensor interleaved), ``identity`` (a cast: values change, positions do not)."""
 
     kind: str
     out_shape: tuple[int, ...]
     perm: tuple[int, ...] = ()
     reps: tuple[int, ...] = ()
+    axis: int = 0
+    indices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +163,8 @@ def evaluate_steps(shape: tuple[int, ...], steps: tuple[ViewStep, ...]) -> np.nd
             a = np.tile(a, step.reps)
         elif step.kind == "broadcast":
             a = np.broadcast_to(a, step.out_shape)
+        elif step.kind == "gather":
+            a = np.take(a, np.asarray(step.indices, dtype=np.int64), axis=step.axis)
         elif step.kind != "identity":
             raise ValueError(f"unknown step kind {step.kind!r}")
     return a
@@ -174,7 +181,8 @@ def shrunk_chain(shape: tuple[int, ...], steps: tuple[ViewStep, ...], size: int 
     def sub(dims: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(size if d == big else d for d in dims)
 
-    return sub(shape), tuple(ViewStep(st.kind, sub(st.out_shape), st.perm, st.reps) for st in steps)
+    return sub(shape), tuple(ViewStep(st.kind, sub(st.out_shape), st.perm, st.reps, st.axis, st.indices)
+                             for st in steps)
 
 
 def _evaluate(cache: IndexCache, shape: tuple[int, ...], steps: tuple[ViewStep, ...]
