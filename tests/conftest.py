@@ -143,6 +143,33 @@ def shipped_styles(tmp_path_factory) -> dict[str, tuple]:
     return out
 
 
+@pytest.fixture(scope="session")
+def converted_corpus(tmp_path_factory) -> dict[str, tuple]:
+    """Issue #37's corpus, made the way people make packages (tests/converted_styles.py: a tiny random transformers
+    decoder traced and converted by plain coremltools along each converter's code path), each package folded
+    (``fold_package``): name → (package, folded package, fold report). Names: ``STYLE-SHAPES-PRECISION`` for
+    Apple's recipe (eager, SDPA) and HF's export with RangeDim or enumerated inputs, fp16 and int4 (enumerated int4
+    for the HF export, the int4 one it ships), and ``form-FORM`` for each way a torch model copies K/V heads."""
+    from analyzer.fold.coreml.package import fold_package
+    from tests.converted_styles import FORMS, STYLES, convert, convert_form, quantize_int4
+
+    root = tmp_path_factory.mktemp("converted")
+    made: dict[str, Path] = {}
+    for style in STYLES:
+        for shapes in ("range", "enum"):
+            fp16 = made[f"{style}-{shapes}-fp16"] = convert(style, shapes, root / f"{style}-{shapes}-fp16.mlpackage")
+            if shapes == "range" or style == "hf_export":
+                made[f"{style}-{shapes}-int4"] = quantize_int4(fp16, root / f"{style}-{shapes}-int4.mlpackage")
+    for form in (*FORMS, "repeats_from_query"):
+        made[f"form-{form}"] = convert_form(form, root / f"form-{form}.mlpackage")
+    out = {}
+    for name, src in made.items():
+        dst = root / f"{name}-folded.mlpackage"
+        shapes = {"hidden": (1, 2, 32), "mask": (1, 1, 2, 16)} if name == "form-repeats_from_query" else None
+        out[name] = (src, dst, fold_package(src, dst, shapes=shapes))
+    return out
+
+
 # Every preset's 2-layer version, as test_families, test_interpret_presets, test_fold_presets and
 # test_coreai_presets convert it (``preset_source``): the preset's own attention geometry (query heads, KV heads,
 # head dim), a small MLP and vocabulary, and hidden 256 wherever the family's config takes a head_dim (the others,

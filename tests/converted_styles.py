@@ -178,3 +178,87 @@ def call_inputs(q: int, end: int, seed: int = 0) -> dict[str, np.ndarray]:
     """One call: q token ids after ``end - q`` cached tokens."""
     rng = np.random.default_rng(seed)
     return {"inputIds": rng.integers(0, V, (1, q)).astype(np.int32), "causalMask": causal_mask(q, end)}
+
+
+# ------------------------------------------------------------------------------------------------ replication forms
+# How a torch model may copy K/V heads (issue #37, item 3), each as plain coremltools converts it:
+#   "repeat_kv"        transformers' repeat_kv at static shapes: expand + reshape → tile with constant reps (h // G)
+#   "repeat"           k.repeat(1, G, 1, 1) → tile on the head axis (h % Hkv)
+#   "index_select"     k.index_select(1, heads) with heads = arange(Hq) // G → gather along the head axis (h // G)
+#   "cat"              torch.cat([k] * G, dim=1) → concat of one tensor G times (h % Hkv)
+#   "repeat_interleave_tensor"  k.repeat_interleave(tensor([G] * Hkv), dim=1) → transpose → tile → reshape chain
+#   "repeats_from_query"  k[:, :, None].expand(1, Hkv, q, S, D): the repeats are the query length, computed per call
+FORMS = ("repeat_kv", "repeat", "index_select", "cat", "repeat_interleave_tensor")
+
+
+def _form_module(form: str):
+    import torch
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    class Step(torch.nn.Module):
+        """One attention layer over a KV cache held as state (``kc``/``vc`` ``[1, Hkv, S, D]``), written at the
+        slot ``end - 1``; its K/V copy made by ``form``; an output projection after it (attention is not the
+        program's output)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(7)
+            self.register_buffer("kc", torch.zeros(1, HKV, S, D))
+            self.register_buffer("vc", torch.zeros(1, HKV, S, D))
+            self.register_buffer("heads", torch.arange(HQ) // G)
+            self.q, self.k, self.v = (torch.nn.Linear(H, n * D) for n in (HQ, HKV, HKV))
+            self.o = torch.nn.Linear(HQ * D, H)
+
+        def copy(self, x, q_len):
+            if form == "repeat_kv":
+                return repeat_kv(x, G)
+            if form == "repeat":
+                return x.repeat(1, G, 1, 1)
+            if form == "index_select":
+                return x.index_select(1, self.heads)
+            if form == "cat":
+                return torch.cat([x] * G, dim=1)
+            if form == "repeat_interleave_tensor":
+                return x.repeat_interleave(torch.tensor([G] * HKV), dim=1)
+            # repeats_from_query: right only where the query length is G
+            return x[:, :, None].expand(1, HKV, q_len, x.shape[-2], D).reshape(1, HKV * q_len, x.shape[-2], D)
+
+        def forward(self, hidden, mask):
+            q_len, end = hidden.shape[1], mask.shape[-1]
+            q = self.q(hidden).view(1, q_len, HQ, D).transpose(1, 2)
+            k = self.k(hidden).view(1, q_len, HKV, D).transpose(1, 2)
+            v = self.v(hidden).view(1, q_len, HKV, D).transpose(1, 2)
+            self.kc[:, :, end - q_len:end] = k
+            self.vc[:, :, end - q_len:end] = v
+            kk, vv = self.copy(self.kc[:, :, :end], q_len), self.copy(self.vc[:, :, :end], q_len)
+            w = torch.softmax(q @ kk.transpose(2, 3) * D ** -0.5 + mask, dim=-1)
+            return self.o((w @ vv).transpose(1, 2).reshape(1, q_len, HQ * D))
+
+    return Step
+
+
+def convert_form(form: str, path: Path) -> Path:
+    """A one-layer step whose K/V copy is made by ``form``, traced and converted with plain coremltools: static
+    shapes (hidden ``[1, 1, H]``, mask ``[1, 1, 1, S]``), or for ``repeats_from_query`` ``ct.RangeDim`` query and
+    context lengths (traced at q = G)."""
+    import coremltools as ct
+    import torch
+
+    model = _form_module(form)().eval()
+    flexible = form == "repeats_from_query"
+    q = G if flexible else 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(model, (torch.zeros(1, q, H), torch.zeros(1, 1, q, S)))
+    if flexible:
+        query, end = ct.RangeDim(1, S, default=1), ct.RangeDim(1, S, default=S)
+        shapes = (1, query, H), (1, 1, query, end)
+    else:
+        shapes = (1, 1, H), (1, 1, 1, S)
+    states = [ct.StateType(wrapped_type=ct.TensorType(shape=(1, HKV, S, D), dtype=np.float16), name=n)
+              for n in ("kc", "vc")]
+    mlmodel = ct.convert(traced, inputs=[ct.TensorType(shape=shapes[0], dtype=np.float16, name="hidden"),
+                                         ct.TensorType(shape=shapes[1], dtype=np.float16, name="mask")],
+                         states=states, minimum_deployment_target=ct.target.iOS18, skip_model_load=True)
+    mlmodel.save(str(path))
+    return path

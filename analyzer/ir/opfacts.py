@@ -109,9 +109,18 @@ class CopyVerdict:
 def classify_copies(ops: list[OpRecord]) -> list[OpRecord]:
     """A copy (:func:`copy_step`: a tile, a repeating gather, a concat of one tensor) is ``kv_replication`` when
     :func:`analyzer.ir.replication.classify_copy` says it copies whole K/V heads for attention (the facts read off
-    the records by :func:`copy_facts`), else ``other``; any other op keeps ``tile_kind`` None."""
+    the records by :func:`copy_facts`), else ``other`` (a gather or concat that is not KV replication keeps
+    ``tile_kind`` None: :func:`listed`); any other op keeps ``tile_kind`` None."""
     verdicts = copy_verdicts(ops)
-    return [replace(op, tile_kind=verdicts[op.index].kind) if op.index in verdicts else op for op in ops]
+    return [replace(op, tile_kind=verdicts[op.index].kind)
+            if op.index in verdicts and listed(op, verdicts[op.index]) else op for op in ops]
+
+
+def listed(op: OpRecord, verdict: CopyVerdict) -> bool:
+    """Whether a copy is one of the program's copies (``MilProgram.tiles``): every tile or broadcast; a gather or
+    concat only when it copies K/V heads (``cat(freqs, freqs)`` of a RoPE table repeats its input too, and is an
+    ordinary op, as it always was)."""
+    return op.kind == "tile" or verdict.kind == "kv_replication"
 
 
 def copy_verdicts(ops) -> dict[int, CopyVerdict]:

@@ -32,6 +32,8 @@ from analyzer.fold.coreml.gqa_pattern import (
     ReplicaUse,
     RepsFinder,
     Sizes,
+    copy_input,
+    is_copy,
     maybe_fold,
     plain_shape,
     stated_reps,
@@ -117,14 +119,17 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
             for b in op.blocks:
                 self._fold_block(b, function, finder)
         cache = IndexCache()
-        tiles = [op for op in block.operations if op.op_type == "tile"]
+        tiles = [op for op in block.operations if is_copy(op)]  # tiles, repeating gathers, concats of one tensor
         replicas: dict[tuple[int, str], tuple[Replica, ReplicaUse]] = {}
         refusals: dict[int, str] = {}
         found: dict[int, Replica] = {}
         verdicts: dict[int, Replication | None] = {}
         proofs: dict[int, RepsProof | None] = {}
-        for tile in tiles:
+        for tile in list(tiles):
             m, verdicts[id(tile)], proofs[id(tile)] = maybe_fold(tile, block, cache, finder)
+            if tile.op_type != "tile" and (verdicts[id(tile)] is None or not verdicts[id(tile)].is_kv):
+                tiles.remove(tile)  # a gather or concat that copies no K/V heads is an ordinary op (opfacts.listed)
+                continue
             if isinstance(m, Refusal):
                 refusals[id(tile)] = m.reason
                 continue
@@ -152,7 +157,7 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
                     if op is rep.tile:
                         break
                     op = op.inputs["x"].op
-            op = rep.tile.x.op
+            op = copy_input(rep.tile).op
             while op is not None and op.op_type in SOURCE_WALK and op not in ops:
                 ops.append(op)
                 op = op.inputs["x"].op
@@ -161,19 +166,22 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
     @staticmethod
     def _decision(function: str, tile: Operation, rep: Replica | None, reason: str, verdict: Replication | None,
                   proof: RepsProof | None, context: FoldContext) -> CopyDecision:
-        if tile.reps.val is not None:
+        if tile.op_type != "tile":
+            reps, reps_from = None, None
+        elif tile.reps.val is not None:
             reps, reps_from = tuple(int(r) for r in tile.reps.val), "constant"
         else:
             reps, reps_from = (proof.reps if proof is not None else None) or stated_reps(
                 tile, Sizes(known=context.known)), "program"
-        common = dict(function=function, name=tile.outputs[0].name, input_shape=plain_shape(tile.x.shape),
-                      output_shape=plain_shape(tile.outputs[0].shape),
-                      replication=verdict is not None and verdict.is_kv, reps=reps, reps_from=reps_from)
+        common = dict(function=function, name=tile.outputs[0].name,
+                      input_shape=plain_shape(copy_input(tile).shape), output_shape=plain_shape(tile.outputs[0].shape),
+                      replication=verdict is not None and verdict.is_kv, op_type=tile.op_type, reps=reps,
+                      reps_from=reps_from)
         if rep is None:
             extra = {}
             if verdict is not None and verdict.is_kv:
                 extra = dict(kv_heads=verdict.kv_heads, group=verdict.group)
-            return CopyDecision(**common, folded=False, reason=f"tile {reason}", **extra)
+            return CopyDecision(**common, folded=False, reason=f"{tile.op_type} {reason}", **extra)
         kv_map = np.asarray(rep.uses[0].kv_map)
         hq, hkv = len(kv_map), rep.source_shape[-3]
         lay = FoldLayout((), hq, hkv, 1, tuple(int(x) for x in np.argsort(kv_map, kind="stable")))

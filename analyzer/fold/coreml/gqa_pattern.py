@@ -165,15 +165,49 @@ class Sizes:
         return tuple(out)
 
 
+def copy_input(op: Operation) -> Var:
+    """What a copy copies: a tile's or gather's ``x``, a concat's (one) value."""
+    return op.values[0] if op.op_type == "concat" else op.x
+
+
+def is_copy(op: Operation) -> bool:
+    """A tile; a gather whose constant index repeats an element of a computed tensor (``index_select``); a concat
+    of one tensor n times (``torch.cat([k] * G)``; interleaved, ``repeat_interleave``)."""
+    if op.op_type == "tile":
+        return True
+    if op.op_type == "gather":
+        idx = op.indices.val
+        return (op.x.val is None and idx is not None and np.ndim(idx) == 1 and len(set(np.asarray(idx).tolist())) <
+                len(idx) and (op.batch_dims is None or not op.batch_dims.val))
+    if op.op_type == "concat":
+        return len(op.values) > 1 and all(v is op.values[0] for v in op.values) and op.axis.val is not None
+    return False
+
+
+def _copy_step(op: Operation, out: tuple[int, ...], reps: tuple[int, ...] | None) -> ViewStep | None:
+    if op.op_type == "tile":
+        reps = tuple(int(r) for r in op.reps.val) if op.reps.val is not None else reps
+        return None if reps is None else ViewStep("tile", out, reps=reps)
+    rank, n = len(out), len(op.values) if op.op_type == "concat" else 0
+    a = int(op.axis.val) % rank
+    if op.op_type == "gather":
+        size = op.x.shape[a]
+        if is_symbolic(size):
+            return None
+        return ViewStep("gather", out, axis=a, indices=tuple(int(i) % int(size) for i in np.asarray(op.indices.val)))
+    if op.interleave is not None and op.interleave.val:
+        return ViewStep("gather", out, axis=a, indices=tuple(j // n for j in range(out[a])))
+    return ViewStep("tile", out, reps=tuple(n if ax == a else 1 for ax in range(rank)))
+
+
 def _step(op: Operation, sizes: Sizes, reps: tuple[int, ...] | None = None) -> ViewStep | None:
     """The op as a backend-neutral step at ``sizes``; a tile's repeats are its constant ``reps`` or, computed at run
     time, ``reps`` (their value over the range, or at the stated shapes)."""
     out = sizes.of(op.outputs[0])
     if out is None:
         return None
-    if op.op_type == "tile":
-        reps = tuple(int(r) for r in op.reps.val) if op.reps.val is not None else reps
-        return None if reps is None else ViewStep("tile", out, reps=reps)
+    if op.op_type in ("tile", "gather", "concat"):
+        return _copy_step(op, out, reps)
     if op.op_type == "transpose":
         return None if op.perm.val is None else ViewStep("transpose", out,
                                                            perm=tuple(int(p) % len(out) for p in op.perm.val))
@@ -220,7 +254,7 @@ def _source_candidates(tile: Operation) -> list[tuple[Var, list[Operation]]]:
     """From the tile's input back through views and layout copies that only the chain reads: (var, ops from
     var up to the tile). A copy something else also reads stays anyway, so reading past it gains nothing."""
     out = []
-    var, path = tile.x, [tile]
+    var, path = copy_input(tile), [tile]
     while True:
         out.append((var, path))
         op = var.op
@@ -235,6 +269,8 @@ def _source_candidates(tile: Operation) -> list[tuple[Var, list[Operation]]]:
 def stated_reps(tile: Operation, sizes: Sizes) -> tuple[int, ...] | None:
     """A tile's repeats at the stated shapes: its output's size over its input's, axis by axis, both as one
     interpreter run sized them (None when either is not known)."""
+    if tile.op_type != "tile":
+        return None
     x, out = sizes.known.get(tile.x.name), sizes.known.get(tile.outputs[0].name)
     if x is None or out is None or len(x) != len(out) or any(i == 0 or o % i for i, o in zip(x, out, strict=True)):
         return None
@@ -246,7 +282,7 @@ def tile_facts(tile: Operation, block: Block, sizes: Sizes, reps: tuple[int, ...
     """The backend-neutral facts of a tile in a pymil block (the same facts ``analyzer.ir.opfacts`` reads off
     a walked package), with the uses and source candidates they were read from. ``reps``: the repeats of a tile
     whose ``reps`` are computed at run time (:func:`maybe_fold` finds them)."""
-    if tile.reps.val is None and reps is None:
+    if tile.op_type == "tile" and tile.reps.val is None and reps is None:
         return Refusal("its reps are computed at run time and were not evaluated at the stated shapes")
     uses = _forward_uses(tile, block)
     if isinstance(uses, Refusal):
@@ -263,7 +299,7 @@ def tile_facts(tile: Operation, block: Block, sizes: Sizes, reps: tuple[int, ...
         if any(s is None for s in steps):
             return Refusal("its chain's symbolic shapes cannot be sized")
         reads.append(CopyRead(consumer.op_type, consumer.name, _read_kind(consumer, param), tuple(steps), param))
-    in_shape, out_shape = sizes.of(tile.x), sizes.of(tile.outputs[0])
+    in_shape, out_shape = sizes.of(copy_input(tile)), sizes.of(tile.outputs[0])
     if not candidates or in_shape is None or out_shape is None:
         return Refusal("its shapes cannot be sized")
     return CopyFacts(tile.outputs[0].name, in_shape, out_shape, tuple(candidates), tuple(reads)), uses, \
@@ -309,7 +345,7 @@ def maybe_fold(tile: Operation, block: Block, cache: IndexCache | None = None, f
     with the reason (``repeats depend on NAME[axis] over LO..HI``)."""
     cache = cache or IndexCache()
     finder = finder or RepsFinder(None, FoldContext())
-    proof = finder.proof(tile) if tile.reps.val is None else None
+    proof = finder.proof(tile) if tile.op_type == "tile" and tile.reps.val is None else None
     reps = proof.reps if proof is not None and proof.reps is not None else None
     reps = reps or stated_reps(tile, Sizes(known=finder.context.known))
     for n in PLACEHOLDER_SIZES:  # symbolic dimensions: the first size at which every dimension is whole
