@@ -59,7 +59,25 @@ def layer_from_name(name: str) -> int | None:
 def derive_op_facts(ops: list[OpRecord] | tuple[OpRecord, ...]) -> list[OpRecord]:
     """Every op's layer (and how it was found: from names, else by attention order, ``analyzer.ir.layer_order``)
     and every tile's kind, from the ops alone."""
-    return classify_copies(order_layers(propagate_layers(ops)))
+    return _copies_join_their_readers(classify_copies(order_layers(propagate_layers(ops))))
+
+
+def _copies_join_their_readers(ops: list[OpRecord]) -> list[OpRecord]:
+    """A copy with no layer of its own (it reads only a cache state and shape arithmetic of the mask, as in the HF
+    export, where the cache slice ends at ``attention_mask.shape[-1]``) is in the layer of the ops that read it,
+    when they are all in one; so are the views, transposes and casts between it and them (walked back from the
+    readers, last op first)."""
+    if not any(op.tile_kind is not None and op.layer is None for op in ops):
+        return list(ops)
+    consumers = consumer_map(ops)
+    out = list(ops)
+    for op in reversed(ops):
+        if op.layer is not None or op.layer_from == "name" or (op.tile_kind is None and op.kind not in _CHAIN):
+            continue
+        layers = {out[c].layer for c in consumers[op.index]}
+        if len(layers) == 1 and None not in layers:
+            out[op.index] = replace(op, layer=layers.pop(), layer_from="dataflow")
+    return out
 
 
 def propagate_layers(ops) -> list[OpRecord]:

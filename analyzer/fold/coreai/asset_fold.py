@@ -35,7 +35,7 @@ from analyzer.ir.coreai.walk import read_asset
 from analyzer.ir.mil_records import MilProgram
 
 PASS_NAME = "qfold::fold_coreai_replication"
-PASS_VERSION = 1
+PASS_VERSION = 2
 ENGINE = "the Core AI runtime"
 _FLOAT_TYPES = ("xf16>", "xf32>", "xbf16>", "<f16>", "<f32>", "<bf16>")
 

@@ -11,10 +11,12 @@ Pattern (what coreai-torch emits for transformers' ``repeat_kv`` and inside the 
     %kr = reshape(%b)                                    # [1, Hq, S, D]
     %s  = broadcasting_batch_matmul(%q, transpose(%kr))  # Q·Kᵀ  [1, Hq, N, S];  P·V reads %vr untransposed
 
-Conditions the pattern cannot express: every use of the copy, through reshape / transpose, is the right operand
-of a ``broadcasting_batch_matmul``; seen at that operand (untransposed to ``[.., Hq, S, D]`` when it is Kᵀ), the
-chain evaluated on an index tensor of the source is a head replication (``analyzer.ir.replication.head_mapping``:
-the same test as the Core ML pass); the batch prefix is 1; the mapping is ``h // G`` or ``h % Hkv``. Rewrite::
+Whether a copy is KV replication at all is asked of the one classifier (``analyzer.ir.replication.classify_copy``)
+on the facts :func:`copy_facts` reads off the module (sources back through single-use reshape / transpose, every
+read and the steps to it), as ``inspect`` asks it on the walked records and the Core ML pass on a pymil Program,
+so inspect and fold cannot disagree on an asset. The rewrite adds what it needs: every read is the right operand
+of a ``broadcasting_batch_matmul`` (Kᵀ read through a transpose included), one head mapping, ``h // G`` or
+``h % Hkv``, batch 1. Rewrite::
 
     %qf = reshape(%q)                    # [1, Hkv, G·N, D]   (h % Hkv: reshape → transpose → reshape)
     %sf = broadcasting_batch_matmul(%qf, transpose(%k))   # [1, Hkv, G·N, S], K read as stored
@@ -39,11 +41,11 @@ from pathlib import Path
 import numpy as np
 
 from analyzer.fold.fold_records import CopyDecision, Refusal
+from analyzer.ir import replication as rp
 from analyzer.ir.coreai.asset import check_asset
 from analyzer.ir.coreai.op_ids import CALLEE, OP_ID
-from analyzer.ir.replication import head_mapping
 
-REPLICATING = ("coreai.broadcast_in_dims", "coreai.tile")
+REPLICATING = ("coreai.broadcast_in_dims", "coreai.tile")  # and a coreai.concat of one value (_is_copy)
 CHAIN = ("coreai.reshape", "coreai.transpose")  # ops that only move elements between the copy and the matmul
 MATMUL = "coreai.decomposable.broadcasting_batch_matmul"
 _RESOURCE = re.compile(r"dense_resource<([\w.$-]+)>")
@@ -79,10 +81,6 @@ def _op_label(op) -> str:
     return f"{op.name.removeprefix('coreai.')}#{m.group(1) if m else '?'}"
 
 
-def _users(value) -> list:
-    return [u.owner for u in value.uses]
-
-
 def _walk_graphs(module):
     """(graph name, is composite, op) for every op of every ``coreai.graph``, nested regions included."""
     def visit(op, graph, composite):
@@ -103,38 +101,53 @@ def _walk_graphs(module):
                     yield from visit(op, name, composite)
 
 
-def _index_eval(a: np.ndarray, op) -> np.ndarray:
-    """What a chain op does to an index tensor (its result shape and constant operands say it all)."""
+def _is_copy(op) -> bool:
+    """A tile or broadcast, or a ``coreai.concat(axis, x, x, …)`` of one value (``torch.cat([k] * G)``)."""
+    values = list(op.operands)[1:] if op.name == "coreai.concat" else []
+    return op.name in REPLICATING or (len(values) > 1 and all(v == values[0] for v in values))
+
+
+def _data(op):
+    """What a copy copies: a concat's value, else the first operand."""
+    return op.operands[1] if op.name == "coreai.concat" else op.operands[0]
+
+
+def _view_step(op) -> rp.ViewStep | None:
+    """A chain op (or the copy) as the classifier's step, read off its static result shape and constant operands."""
     out = _shape(op.results[0])
+    if out is None:
+        return None
     if op.name == "coreai.transpose":
-        return a.transpose(_const(op.operands[1]))
+        perm = _const(op.operands[1])
+        return None if perm is None else rp.ViewStep("transpose", out, perm=tuple(int(p) for p in perm))
     if op.name == "coreai.broadcast_in_dims":
-        return np.broadcast_to(a, out)
-    if op.name == "coreai.tile":
-        return np.tile(a, tuple(o // i for o, i in zip(out, a.shape, strict=True)))
-    return a.reshape(out)  # reshape
+        return rp.ViewStep("broadcast", out)
+    if op.name in ("coreai.tile", "coreai.concat"):  # a concat of one value n times is a tile by n on its axis
+        src = _shape(_data(op))
+        if src is None or len(src) != len(out):
+            return None
+        return rp.ViewStep("tile", out, reps=tuple(o // i for o, i in zip(out, src, strict=True)))
+    return rp.ViewStep("reshape", out)
 
 
 # ------------------------------------------------------------------------------------------------ matching
-def _uses(rep) -> list[tuple[list, object]] | str:
-    """(chain ops after the copy, matmul) for every use, or why one is not a matmul's right operand."""
+def _uses(rep) -> list[tuple[list, object, int]] | str:
+    """(chain ops after the copy, its reader, which operand) for every read through reshape / transpose."""
     out, stack = [], [(rep.results[0], [])]
     while stack:
         value, path = stack.pop()
-        for user in _users(value):
+        for use in value.uses:
+            user = use.owner
             if user.name in CHAIN:
                 stack.append((user.results[0], [*path, user]))
-            elif user.name == MATMUL and user.operands[1] == value and user.operands[0] != value:
-                out.append((path, user))
             else:
-                return f"feeds {user.name}, not the right operand of an attention matmul"
+                out.append((path, user, use.operand_number))
     return out or "nothing reads its copy"
 
 
 def _sources(rep) -> list[tuple[object, list]]:
-    """The copy's input and, back through single-use reshape / transpose ops, deeper sources: (value, ops from
-    there to the copy)."""
-    out, value, path = [], rep.operands[0], [rep]
+    """(value, ops from it to the copy): the copy's input, then back through single-use reshape / transpose ops."""
+    out, value, path = [], _data(rep), [rep]
     while True:
         out.append((value, path))
         owner = value.owner
@@ -143,50 +156,62 @@ def _sources(rep) -> list[tuple[object, list]]:
         value, path = owner.operands[0], [owner, *path]
 
 
-def _plan(rep):
-    """(source, source shape [1, Hkv, S, D], uses [(path, matmul, kv_map, transposed)], chain text) or a Refusal."""
-    if len(_shape(rep.results[0]) or ()) < 3:
-        return Refusal("has no static head axis")
+def copy_facts(rep) -> tuple[rp.CopyFacts, list, list] | Refusal:
+    """A Core AI copy's backend-neutral facts (as the walker's and the Core ML pass's), with the reads and sources
+    they came from. A ``broadcasting_batch_matmul``'s right operand is K or V; its left one, and any other op, not."""
     uses = _uses(rep)
     if isinstance(uses, str):
         return Refusal(uses)
-    refusal = Refusal("no source")
-    for source, back in _sources(rep)[::-1]:  # deepest first: it removes the most copies
-        shape = _shape(source)
-        if shape is None:
-            continue
-        n = int(np.prod(shape, dtype=np.int64))
-        resolved = []
-        for path, mm in uses:
-            a = np.arange(n, dtype=np.int64).reshape(shape)
-            for op in back + path:
-                a = _index_eval(a, op)
-            found = head_mapping(a, n)  # swapped: each head read transposed (Kᵀ: the operand is [.., Hq, D, S])
-            if isinstance(found, str):
-                refusal = Refusal(found)
-                break
-            resolved.append((path, mm, (found.kv_heads, found.kv_map), found.swapped, a.shape))
-        else:
-            kv_maps = {m[1] for _, _, m, _, _ in resolved}
-            if len(kv_maps) != 1:
-                return Refusal("its uses read different head mappings")
-            hkv = resolved[0][2][0]
-            *prefix, _, x, y = resolved[0][4]
-            s, d = (y, x) if resolved[0][3] else (x, y)
-            if int(np.prod(prefix, dtype=np.int64)) != 1:
-                return Refusal(f"reads a batch of {int(np.prod(prefix))} (only batch 1 is folded)")
-            chain = " → ".join(op.name.removeprefix("coreai.") for op in back + resolved[0][0])
-            return source, (1, hkv, s, d), resolved, chain
-    return refusal
+    reads = []
+    for path, user, operand in uses:
+        steps = [_view_step(op) for op in path]
+        if any(st is None for st in steps):
+            return Refusal("its chain's shapes or permutations cannot be read")
+        kind = rp.OTHER if user.name != MATMUL else rp.MATMUL_RHS if operand == 1 else rp.MATMUL_LHS
+        reads.append(rp.CopyRead(user.name, _op_label(user), kind, tuple(steps), "y" if operand == 1 else "x"))
+    candidates = []
+    for depth, (value, back) in enumerate(_sources(rep)):
+        shape, steps = _shape(value), [_view_step(op) for op in back]
+        if shape is None or any(st is None for st in steps):
+            break
+        candidates.append(rp.SourceCandidate(shape, tuple(steps), depth))
+    in_shape, out_shape = _shape(_data(rep)), _shape(rep.results[0])
+    if not candidates or in_shape is None or out_shape is None:
+        return Refusal("has no static shapes")
+    return rp.CopyFacts(_op_label(rep), in_shape, out_shape, tuple(candidates), tuple(reads)), uses, _sources(rep)
+
+
+def _plan(rep, cache: rp.IndexCache | None = None):
+    """(source, [1, Hkv, S, D], uses [(path, matmul, (Hkv, kv_map), transposed, shape)], chain) or a Refusal: the
+    classifier decides; the rewrite adds what it needs (every read a matmul's right operand, one mapping, batch 1)."""
+    if len(_shape(rep.results[0]) or ()) < 3:
+        return Refusal("has no static head axis")
+    found = copy_facts(rep)
+    if isinstance(found, Refusal):
+        return found
+    facts, uses, sources = found
+    verdict = rp.classify_copy(facts, cache)
+    if not verdict.is_kv:
+        return Refusal(verdict.reason)
+    for (_, user, _), read in zip(uses, facts.reads, strict=True):
+        if read.kind != rp.MATMUL_RHS:
+            return Refusal(f"is the left operand of matmul {_op_label(user)} (only K or V on the right is folded)")
+    if len({m.kv_map for m in verdict.reads}) != 1:
+        return Refusal("its uses read different head mappings")
+    (source, back), candidate = sources[verdict.source_depth], facts.sources[verdict.source_depth]
+    resolved = [(path, user, (m.kv_heads, m.kv_map), m.swapped, (candidate.steps + read.steps)[-1].out_shape)
+                for (path, user, _), read, m in zip(uses, facts.reads, verdict.reads, strict=True)]
+    *prefix, hkv, s, d = verdict.source_view
+    if int(np.prod(prefix, dtype=np.int64)) != 1:
+        return Refusal(f"reads a batch of {int(np.prod(prefix))} (only batch 1 is folded)")
+    chain = " → ".join(op.name.removeprefix("coreai.") for op in back + resolved[0][0])
+    return source, (1, hkv, s, d), resolved, chain
 
 
 def _mapping_kind(kv_map: tuple[int, ...], hkv: int) -> str:
     hq, g = len(kv_map), len(kv_map) // hkv
-    if kv_map == tuple(h // g for h in range(hq)):
-        return "h // G"
-    if kv_map == tuple(h % hkv for h in range(hq)):
-        return "h % Hkv"
-    return "permutation"
+    return "h // G" if kv_map == tuple(h // g for h in range(hq)) else "h % Hkv" if kv_map == tuple(
+        h % hkv for h in range(hq)) else "permutation"
 
 
 # ------------------------------------------------------------------------------------------------ rewriting
@@ -313,14 +338,14 @@ def rewrite_asset(src: Path, dst: Path) -> dict:
     before = constant_digests(module)
     calls = Counter(m.group(1) for _, _, op in _walk_graphs(module) if op.name == "coreai.invoke"
                     for m in [CALLEE.search(str(op.attributes["callee"]) if "callee" in op.attributes else "")] if m)
-    reps = [(g, c, op) for g, c, op in _walk_graphs(module) if op.name in REPLICATING]
-    decisions = []
+    reps = [(g, c, op) for g, c, op in _walk_graphs(module) if _is_copy(op)]
+    decisions, cache = [], rp.IndexCache()
     with module.context, Location.unknown():
         for graph, composite, rep in reps:
-            common = dict(function=graph, name=_op_label(rep), input_shape=_shape(rep.operands[0]) or (),
-                          output_shape=_shape(rep.results[0]) or ())
+            common = dict(function=graph, name=_op_label(rep), input_shape=_shape(_data(rep)) or (),
+                          output_shape=_shape(rep.results[0]) or (), op_type=rep.name)
             where = f" (inside composite @{graph}, {calls.get(graph, 0)} calls)" if composite else ""
-            plan = _plan(rep)
+            plan = _plan(rep, cache)
             if isinstance(plan, Refusal):
                 decisions.append(CopyDecision(**common, folded=False, reason=f"{rep.name} {plan.reason}{where}"))
                 continue
@@ -328,7 +353,7 @@ def rewrite_asset(src: Path, dst: Path) -> dict:
             reason = _fold_one(ops, rep, plan)
             decisions.append(CopyDecision(**common, folded=not reason, reason=reason + where if reason else "",
                                           mapping=_mapping_kind(kv_map, hkv), chain=plan[3] + where,
-                                          kv_heads=hkv, group=len(kv_map) // hkv))
+                                          kv_heads=hkv, group=len(kv_map) // hkv, replication=True))
         module.operation.verify()
         if any(d.folded for d in decisions):
             run_pre_compilation_rewrite(module=module)

@@ -27,7 +27,9 @@ import numpy as np
 
 from analyzer.analysis.accounting import account
 from analyzer.analysis.shapes import input_ranges, probe_shapes, range_bounds, read_sized
-from analyzer.errors import FoldError, MilError
+from analyzer.engines.interpret import load_interpreter
+from analyzer.engines.interpret.values import np_dtype
+from analyzer.errors import FoldError, MilError, QfoldError
 from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION, FoldReport, FunctionBytes, WeightCheck
 from analyzer.fsio import check_disjoint, copy_tree, open_regular, replace_dir, tree_files
 from analyzer.ir.coreml.mil_reader import (
@@ -222,10 +224,6 @@ def _context(pkg: Path, sized: MilProgram):
 
 def _shapes_at(pkg: Path, function: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]] | str:
     """Every value's shape from one interpreter run on zero inputs of ``shapes``, or why it cannot run."""
-    from analyzer.engines.interpret import load_interpreter
-    from analyzer.engines.interpret.values import np_dtype
-    from analyzer.errors import QfoldError
-
     try:
         interp = load_interpreter(pkg, function)
         feed = {t.name: np.zeros(shapes.get(t.name) or tuple(d or 1 for d in t.shape), dtype=np_dtype(t.dtype))
