@@ -262,3 +262,29 @@ def convert_form(form: str, path: Path) -> Path:
                          states=states, minimum_deployment_target=ct.target.iOS18, skip_model_load=True)
     mlmodel.save(str(path))
     return path
+
+
+def convert_coreai_form(form: str, path: Path) -> Path:
+    """One attention over K/V inputs ``[1, Hkv, S, D]`` whose copy is made by ``form`` (``cat``, ``repeat``), exported
+    with ``torch.export`` and converted by coreai-torch's documented calls (``TorchConverter``), as someone porting a
+    model would."""
+    import torch
+    from coreai_torch import TorchConverter, get_decomp_table
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(7)
+            self.o = torch.nn.Linear(HQ * D, H)
+
+        def copy(self, x):
+            return torch.cat([x] * G, dim=1) if form == "cat" else x.repeat(1, G, 1, 1)
+
+        def forward(self, q, k, v):  # q [1, Hq, 1, D]
+            w = torch.softmax(q @ self.copy(k).transpose(2, 3) * D ** -0.5, dim=-1)
+            return self.o((w @ self.copy(v)).transpose(1, 2).reshape(1, 1, HQ * D))
+
+    example = (torch.zeros(1, HQ, 1, D), torch.zeros(1, HKV, S, D), torch.zeros(1, HKV, S, D))
+    ep = torch.export.export(Step().eval(), example).run_decompositions(get_decomp_table())
+    TorchConverter().add_exported_program(ep).to_coreai().save_asset(Path(path))
+    return Path(path)

@@ -31,6 +31,14 @@ from tests.converted_styles import ENUMERATED_Q, FORMS, HKV, HQ, STYLES, D, G, S
 PACKAGES = [f"{style}-range-{p}" for style in STYLES for p in ("fp16", "int4")] + \
     [f"{style}-enum-fp16" for style in STYLES] + ["hf_export-enum-int4"]
 COPY_BYTES = HQ * S * D * 2  # one fp16 copy of K or V at the stated shape: every query head's cache, S slots
+# Under RangeDim inputs the converters' repeats are computed per call; under enumerated shapes coremltools folds
+# the HF export's to a constant (the recipe's stay computed)
+
+
+def expected_reps_from(name: str) -> str:
+    return "constant" if name.startswith("hf_export-enum") else "program"
+
+
 COPY_OP = {"repeat_kv": "tile", "repeat": "tile", "index_select": "gather", "cat": "concat",
            "repeat_interleave_tensor": "tile"}
 MAPPING = {"repeat_kv": "h // G", "repeat": "h % Hkv", "index_select": "h // G", "cat": "h % Hkv",
@@ -54,7 +62,7 @@ def test_inspect_counts_two_kv_copies_per_layer_at_the_stated_shape(converted_co
     assert Counter(t["layer"] for t in kv) == {0: 2, 1: 2}
     for t in kv:  # [1, Hkv, G, S, D] at the stated shape: the context at its upper bound (or the enumerated S)
         assert t["output_shape"] == [1, HKV, G, S, D] and t["output_bytes"] == COPY_BYTES, t
-        assert (t["op_type"], t["reps"], t["reps_from"]) == ("tile", [1, 1, G, 1, 1], "program"), t
+        assert (t["op_type"], t["reps"]) == ("tile", [1, 1, G, 1, 1]) and t["reps_from"] == expected_reps_from(name), t
         assert t["reason"] == f"copies whole K/V heads for attention: {HQ} query heads read {HKV} KV heads (G = {G})"
     assert doc["bytes_per_token"]["replication"] >= 4 * COPY_BYTES
 
@@ -63,7 +71,8 @@ def test_inspect_counts_two_kv_copies_per_layer_at_the_stated_shape(converted_co
 def test_fold_leaves_no_copy_and_keeps_every_weight_and_range(converted_corpus, name):
     src, dst, report = converted_corpus[name]
     assert report.tiles_found == 4 and report.tiles_folded == 4, [(d.name, d.reason) for d in report.decisions]
-    assert [(d.reps, d.reps_from, d.mapping) for d in report.decisions] == [((1, 1, G, 1, 1), "program", "h // G")] * 4
+    assert [(d.reps, d.reps_from, d.mapping) for d in report.decisions] == [((1, 1, G, 1, 1), expected_reps_from(name),
+                                                                               "h // G")] * 4
     (f,) = report.functions
     assert (f.kv_replication_tiles_before, f.kv_replication_tiles_after) == (4, 0)
     assert f.before["replication"] > 0 and f.after["replication"] == 0
@@ -140,3 +149,22 @@ def test_repeats_that_depend_on_a_flexible_input_leave_the_copy_saying_so(conver
         (True, False, f"tile repeats depend on hidden[1] over 1..{S}")] * 2
     r = cli("fold", src, tmp_path / "f.mlpackage", *shape, "--no-proof")
     assert r["code"] == 0 and f"repeats depend on hidden[1] over 1..{S}" in r["stdout"], r
+
+
+@pytest.mark.parametrize("form", ["cat", "repeat"])
+def test_core_ai_copies_are_found_by_inspect_and_folded_by_the_rewrite_alike(form, tmp_path):
+    """coreai-torch's ``torch.cat([k] * G)`` (a ``coreai.concat`` of one value) and ``k.repeat`` (a tile): inspect
+    (the walked records) and the rewrite (the MLIR module) read the same facts and ask the same classifier."""
+    pytest.importorskip("coreai_torch")
+    from tests.converted_styles import convert_coreai_form
+
+    src = convert_coreai_form(form, tmp_path / f"{form}.aimodel")
+    doc = json.loads(cli("inspect", src, "--json")["stdout"])
+    kv = [t for t in doc["tiles"] if t["kind"] == "kv_replication"]
+    assert len(kv) == 2 and {t["op_type"] for t in kv} == {"coreai.concat" if form == "cat" else "coreai.tile"}
+    r = cli("fold", src, tmp_path / "f.aimodel", "--json")
+    assert r["code"] == 0, r["stderr"]
+    fold = json.loads(r["stdout"])
+    assert fold["tiles_folded"] == 2 and all(t["folded"] and t["replication"] for t in fold["tiles"])
+    after = json.loads(cli("inspect", tmp_path / "f.aimodel", "--json")["stdout"])
+    assert after["bytes_per_token"]["replication"] == 0 and not after["tiles"]

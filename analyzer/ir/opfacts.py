@@ -189,10 +189,16 @@ def copy_step(op: OpRecord) -> ViewStep | None:
     if op.kind == "concat":
         values = [r for r in op.inputs if r.param.startswith("values")]
         axis, inter = _ref(op, "axis"), _ref(op, "interleave")
-        if len(values) < 2 or len({r.tensor.name for r in values}) != 1 or axis is None or not axis.value:
+        if len(values) < 2 or len({r.tensor.name for r in values}) != 1:
             return None
-        rank = len(out)
-        a, n = axis.value[0] % rank, len(values)
+        rank, n = len(out), len(values)
+        grown = [ax for ax, (i, o) in enumerate(zip(_dims(values[0].tensor.shape), out, strict=False)) if i * n == o]
+        if axis is not None and axis.value:
+            a = axis.value[0] % rank
+        elif len(grown) == 1 and len(values[0].tensor.shape) == rank:  # the axis not read (Core AI): the one grown
+            a = grown[0]
+        else:
+            return None
         if inter is not None and inter.value and inter.value[0]:  # element i of the axis n times in a row
             size = out[a] // n
             return ViewStep("gather", out, axis=a, indices=tuple(j // n for j in range(size * n)))
