@@ -112,6 +112,12 @@ def _data(op):
     return op.operands[1] if op.name == "coreai.concat" else op.operands[0]
 
 
+def _copies_kv(op, cache: rp.IndexCache) -> bool:
+    """Whether the classifier calls the copy KV replication (whatever the rewrite then makes of it)."""
+    found = copy_facts(op)
+    return not isinstance(found, Refusal) and rp.classify_copy(found[0], cache).is_kv
+
+
 def _view_step(op) -> rp.ViewStep | None:
     """A chain op (or the copy) as the classifier's step, read off its static result shape and constant operands."""
     out = _shape(op.results[0])
@@ -346,6 +352,8 @@ def rewrite_asset(src: Path, dst: Path) -> dict:
                           output_shape=_shape(rep.results[0]) or (), op_type=rep.name)
             where = f" (inside composite @{graph}, {calls.get(graph, 0)} calls)" if composite else ""
             plan = _plan(rep, cache)
+            if isinstance(plan, Refusal) and rep.name not in REPLICATING and not _copies_kv(rep, cache):
+                continue  # a concat that copies no K/V heads (a RoPE table's cat) is an ordinary op (opfacts.listed)
             if isinstance(plan, Refusal):
                 decisions.append(CopyDecision(**common, folded=False, reason=f"{rep.name} {plan.reason}{where}"))
                 continue
