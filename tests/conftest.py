@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.convert.fork_server import stop_servers
+from analyzer.convert.fork_client import stop_servers
 from analyzer.convert.launch import run_builds
 from analyzer.errors import SourceError
 from analyzer.model.sources import DEFAULT_PRESET, STRUCTURE_OVERRIDES, geometry_of, load_config, resolve_source

@@ -17,7 +17,7 @@ import pytest
 
 from analyzer.convert.builds_folder import QUEUE_DIR, clean_stale_tmp, key_lock, latest_log, lock_is_held, queue
 from analyzer.convert.checks import is_reduced_size
-from analyzer.convert.fork_server import start_child
+from analyzer.convert.fork_client import start_child
 from analyzer.convert.launch import child_env, list_builds, run_build, run_child
 from analyzer.errors import BuildError
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source

@@ -1,4 +1,4 @@
-"""The fork server (analyzer.convert.fork_server) on real conversion children: forked from one server that imported
+"""The fork server (analyzer.convert.fork_client) on real conversion children: forked from one server that imported
 them, each in its own session, its output on the requester's pipe, its exit status relayed; an import-time variable
 gets a server of its own, qfold's own variables do not; a dead server is replaced; another process with the same
 environment forks from the running server, another user is refused. The conversions themselves, kill -9 at every
@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from analyzer.convert import fork_address, fork_server
-from analyzer.convert.fork_server import ForkedChild, start_child
+from analyzer.convert import fork_address, fork_client
+from analyzer.convert.fork_client import ForkedChild, start_child
 from analyzer.convert.launch import REPO_ROOT, child_env
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.model.spec import BuildSpec
@@ -58,10 +58,10 @@ def test_children_are_forked_by_one_server_in_their_own_sessions(tmp_path):
     env = own_env()
     first, holder = waiting_child(tmp_path, env)
     try:
-        server = fork_server._SERVER
+        server = fork_client._SERVER
         assert server is not None and server.alive()
         second = start_child(child_cmd(tmp_path / "missing.json", tmp_path), {**env, "QFOLD_ANY": "1"}, REPO_ROOT)
-        assert fork_server._SERVER is server  # qfold's own variables are read when used: the same server
+        assert fork_client._SERVER is server  # qfold's own variables are read when used: the same server
         assert second.wait(timeout=60) == 1  # its exit status, relayed by the server
         out = second.stdout.read()
         assert out.startswith('@@qfold {"error"') and "missing.json" in out, out
@@ -80,26 +80,26 @@ def test_another_process_with_the_same_environment_forks_from_the_running_server
     env = own_env()
     first, holder = waiting_child(tmp_path, env)  # this process's own server, forking a child that waits
     try:
-        server = fork_server._SERVER
+        server = fork_client._SERVER
         assert server.proc is not None
         # this process as another would start: no server of its own yet, the same environment
-        monkeypatch.setattr(fork_server, "_SERVER", None)
+        monkeypatch.setattr(fork_client, "_SERVER", None)
         second = start_child(child_cmd(tmp_path / "missing.json", tmp_path), env, REPO_ROOT)
-        shared = fork_server._SERVER
+        shared = fork_client._SERVER
         assert isinstance(second, ForkedChild) and shared is not server and shared.proc is None  # a connection
         assert psutil.Process(second.pid).ppid() == server.proc.pid  # forked by the running server
         assert second.wait(timeout=60) == 1 and "missing.json" in second.stdout.read()  # its status relayed
         shared.close()
         monkeypatch.undo()
         # a real other process: the same environment, its own interpreter
-        code = ("import json, sys\nfrom analyzer.convert import fork_server\n"
-                "c = fork_server.start_child(json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3])\n"
-                "print(json.dumps([type(c).__name__, fork_server._SERVER.proc is None, c.wait(timeout=60)]))\n")
+        code = ("import json, sys\nfrom analyzer.convert import fork_client\n"
+                "c = fork_client.start_child(json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3])\n"
+                "print(json.dumps([type(c).__name__, fork_client._SERVER.proc is None, c.wait(timeout=60)]))\n")
         cmd = child_cmd(tmp_path / "missing.json", tmp_path)
         run = subprocess.run([sys.executable, "-c", code, json.dumps(cmd), json.dumps(env), str(REPO_ROOT)],
                              env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stderr
-        assert json.loads(run.stdout) == ["ForkedChild", True, 1]  # no server started: ~8 s of imports saved
+        assert json.loads(run.stdout) == ["ForkedChild", True, 1]  # no server started: its imports saved
     finally:
         first.kill()
         holder.kill()
@@ -116,9 +116,8 @@ def test_the_server_address_changes_with_the_code_and_the_import_time_environmen
            "SPT_NOENV": "1"}  # what ray.init() sets in its driver and a Ray worker starts with
     assert fork_address.server_address({**env, **ray}) == here
     assert fork_address.server_address({**env, "OMP_NUM_THREADS": "7"}) != here
-    files = fork_address._code_files()
-    assert any(f.endswith("analyzer/convert/child.py") for f, _, _ in files)
-    monkeypatch.setattr(fork_address, "_code_files", lambda: [(f, t + 1, n) for f, t, n in files])  # an edit
+    digest = fork_address.code_digest()
+    monkeypatch.setattr(fork_address, "code_digest", lambda: digest[::-1])  # an edit
     assert fork_address.server_address(env) != here
     # a caller started with the checkout on PYTHONPATH (a script, a Ray worker) gets the child environment of one
     # started without it: the checkout once, first
@@ -149,11 +148,11 @@ def test_another_value_of_an_import_time_variable_gets_its_own_server(tmp_path):
     cmd = child_cmd(tmp_path / "missing.json", tmp_path)
     env = own_env()
     assert start_child(cmd, env, REPO_ROOT).wait(timeout=60) == 1
-    before = fork_server._SERVER
+    before = fork_client._SERVER
     threads = "3" if os.environ.get("OMP_NUM_THREADS") != "3" else "2"
     child = start_child(cmd, {**env, "OMP_NUM_THREADS": threads}, REPO_ROOT)
     assert child.wait(timeout=60) == 1
-    assert fork_server._SERVER is not before and fork_server._SERVER.env["OMP_NUM_THREADS"] == threads
+    assert fork_client._SERVER is not before and fork_client._SERVER.env["OMP_NUM_THREADS"] == threads
     assert before.proc.wait(timeout=30) == 0  # the old one, told to close, exits
 
 
@@ -161,11 +160,11 @@ def test_a_dead_server_is_replaced_and_other_commands_are_not_forked(tmp_path):
     cmd = child_cmd(tmp_path / "missing.json", tmp_path)
     env = own_env()
     assert start_child(cmd, env, REPO_ROOT).wait(timeout=60) == 1
-    server = fork_server._SERVER
+    server = fork_client._SERVER
     server.proc.kill()
     server.proc.wait()
     child = start_child(cmd, env, REPO_ROOT)
     assert isinstance(child, ForkedChild) and child.wait(timeout=60) == 1
-    assert fork_server._SERVER is not server and fork_server._SERVER.alive()
+    assert fork_client._SERVER is not server and fork_client._SERVER.alive()
     plain = start_child([sys.executable, "-c", "print('hi')"], env, REPO_ROOT)
     assert not isinstance(plain, ForkedChild) and plain.wait(timeout=60) == 0 and plain.stdout.read() == "hi\n"

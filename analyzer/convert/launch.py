@@ -36,7 +36,7 @@ from analyzer.analysis.record import (
     write_analysis,
 )
 from analyzer.convert.builds_folder import request_paths
-from analyzer.convert.fork_server import ForkedChild, start_child
+from analyzer.convert.fork_client import ForkedChild, start_child
 from analyzer.convert.progress import PROGRESS_PREFIX
 from analyzer.errors import BuildError, QfoldError
 from analyzer.fsio import file_kind, resolved
@@ -178,7 +178,7 @@ def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[
     (``{"result": "built"|"reused", "key": K}`` lines). The child runs in its own session, so a timeout or an
     interrupt stops it and every process it started (the equivalence worker); the timeout holds even while the
     child prints nothing (its output is read by a thread). On Linux a conversion child is forked by the fork server
-    (``analyzer.convert.fork_server``), which has imported the child's modules already."""
+    (``analyzer.convert.fork_client``), which has imported the child's modules already."""
 
     t0 = time.monotonic() if t0 is None else t0
     env = child_env()
@@ -228,12 +228,16 @@ def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[
 
 
 def _stop(proc: subprocess.Popen | ForkedChild) -> None:
-    """Kill a conversion child and everything it started (its own process group)."""
+    """Kill a conversion child and everything it started (its own process group; a forked child's pid is checked
+    against its start time first: ``ForkedChild.kill``)."""
 
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    if isinstance(proc, ForkedChild):
         proc.kill()
+    else:
+        try:  # a Popen'd child's pid is not reused before this process has waited for it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
     proc.wait()
 
 
