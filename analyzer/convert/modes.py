@@ -109,6 +109,16 @@ def _convert_phases(spec: BuildSpec, model, plan, untied: bool, pkg: Path, timed
             shutil.rmtree(part)
 
 
+def write_package(spec: BuildSpec, model, pkg: Path) -> dict[str, float]:
+    """The package of a materialised build of ``spec`` from ``model`` (fp16 torch weights with values, not yet
+    untied), saved at ``pkg`` as :func:`materialised_group` makes it: untied if the compression needs it, every
+    phase converted and compressed, multi-function merged. Returns the timings (tests/test_quick_passes_kinds.py)."""
+    plan = _plan(spec, geometry_of(load_config(spec.source)).num_layers)
+    clock = Clock()
+    _convert_phases(spec, model, plan, _untie_if_needed(model, plan, copy_values=True), pkg, clock)
+    return clock.timings
+
+
 def _plan(spec: BuildSpec, num_layers: int):
     if not spec.compression:
         return None
