@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -18,7 +19,15 @@ import pytest
 from analyzer.convert.builds_folder import QUEUE_DIR, clean_stale_tmp, key_lock, latest_log, lock_is_held, queue
 from analyzer.convert.checks import is_reduced_size
 from analyzer.convert.fork_client import start_child
-from analyzer.convert.launch import child_env, list_builds, run_build, run_child
+from analyzer.convert.launch import (
+    TIMEOUT_FACTOR,
+    TIMEOUT_FIXED_S,
+    child_env,
+    list_builds,
+    run_build,
+    run_child,
+    work_timeout,
+)
 from analyzer.errors import BuildError
 from analyzer.model.sources import DEFAULT_PRESET, resolve_source
 from analyzer.model.spec import BuildSpec
@@ -107,6 +116,36 @@ def test_a_silent_child_is_still_stopped_by_its_timeout(tmp_path):
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the child's own child survived the timeout"
         time.sleep(0.1)
+
+
+def test_time_queued_is_not_work_and_the_timeout_line_says_the_limit_and_what_the_child_was_doing(tmp_path):
+    """A child queued (another conversion running) for longer than its limit is not stopped; once it works, its
+    limit holds, and the error line says the limit, how it was set and the stage it was in."""
+    script = ("import json, time\n"
+              "def say(stage, message):\n"
+              "    print('@@qfold ' + json.dumps({'fraction': 0.0, 'stage': stage, 'message': message}), flush=True)\n"
+              "for _ in range(8):\n"
+              "    say('queued', 'waiting: another conversion is running on this machine')\n"
+              "    time.sleep(0.5)\n"
+              "say('convert', 'tracing and converting the decode step')\n"
+              "time.sleep(600)\n")
+    t0 = time.monotonic()
+    with pytest.raises(BuildError) as e:
+        run_child("queued-0123456789", [sys.executable, "-c", script], tmp_path / "child.log", timeout_s=2,
+                  timeout_why="as the test sets it")
+    assert time.monotonic() - t0 >= 4 + 2  # ~4 s queued, then 2 s of work
+    assert str(e.value).startswith("build queued-0123456789 timed out after 2 s of work (its limit, as the test "
+                                   "sets it) while convert: tracing and converting the decode step; log: ")
+
+
+def test_a_childs_limit_is_scaled_to_its_builds():
+    tiny = BuildSpec(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES), "qfold", "state", TINY_CTX)
+    full = BuildSpec(resolve_source(DEFAULT_PRESET), "qfold", "state", 4096)
+    (t_tiny, why), (t_full, _), (t_two, _) = (work_timeout([tiny]), work_timeout([full]),
+                                              work_timeout([full, replace(full, variant="repeat_kv")]))
+    assert TIMEOUT_FIXED_S < t_tiny < t_full
+    assert t_two - TIMEOUT_FIXED_S == pytest.approx(2 * (t_full - TIMEOUT_FIXED_S))
+    assert why.startswith(f"{TIMEOUT_FIXED_S:.0f} s + {TIMEOUT_FACTOR:.0f} x the estimated ")
 
 
 @pytest.mark.conversion

@@ -141,13 +141,26 @@ def read_request(request: Path) -> list[BuildSpec]:
     return [BuildSpec.from_json(data, str(request))]
 
 
+def _waited_for(lock: FileLock, why: str) -> FileLock:
+    """``lock``, acquired; while another process holds it, a ``queued`` line every 5 s (the parent does not count
+    time queued against the child's time limit: ``analyzer.convert.launch.run_child``)."""
+    while True:
+        try:
+            lock.acquire(timeout=5)
+            return lock
+        except Timeout:
+            emit(0.0, "queued", f"waiting: {why}")
+
+
 def run(request: Path, root: Path) -> int:
     specs = list({s.key: s for s in read_request(request)}.values())
     entries = {s.key: _QueueEntry(root, s.key) for s in specs}
     try:
         with ExitStack() as stack:
             for key in sorted(entries):  # one order for every process: no lock cycles
-                stack.enter_context(key_lock(root, key))
+                lock = _waited_for(key_lock(root, key), f"build {key} is being made by another request; this "
+                                   "one reuses it when it is done")
+                stack.callback(lock.release)
             todo = [s for s in specs if not is_complete(root / s.key)]
             for s in specs:
                 if s not in todo:
@@ -158,13 +171,8 @@ def run(request: Path, root: Path) -> int:
             clean_stale_tmp(root, holding=set(entries))
             for s in todo:
                 entries[s.key].set("queued")
-            slot = FileLock(str(root / ".locks" / "convert.lock"))
-            while True:
-                try:
-                    slot.acquire(timeout=5)
-                    break
-                except Timeout:
-                    emit(0.0, "queued", "waiting: another conversion is running on this machine")
+            slot = _waited_for(FileLock(str(root / ".locks" / "convert.lock")),
+                               "another conversion is running on this machine")
             tmps = {s.key: tmp_folder(root, s.key) for s in todo}
             try:
                 for s in todo:

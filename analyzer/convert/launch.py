@@ -43,7 +43,7 @@ from analyzer.fsio import file_kind, resolved
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.backends import COREML, require_coreai
-from analyzer.model.cost import check_request
+from analyzer.model.cost import check_request, estimate
 from analyzer.model.sources import load_config, safetensors_shapes
 from analyzer.model.spec import BuildSpec
 
@@ -51,6 +51,12 @@ PACKAGE_NAME = "model.mlpackage"
 ASSET_NAME = "model.aimodel"  # a Core AI build's asset (analyzer.ir.coreai), beside analysis.json
 LOG_FILE = "build.log"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# A conversion child's time limit, scaled to its work: TIMEOUT_FIXED_S + TIMEOUT_FACTOR x the cost model's wall time
+# of its builds (analyzer.model.cost.estimate, fitted on this 2-core machine at load 2-6). 20x covers a machine
+# shared by many (load 17 here slowed builds ~8x); the fixed part covers imports, the equivalence check and a fold's
+# proof. Time spent queued (waiting for another conversion or another request's identical build) is not counted.
+TIMEOUT_FACTOR = 20.0
+TIMEOUT_FIXED_S = 600.0
 
 
 def builds_dir(path: str | Path | None = None) -> Path:
@@ -118,7 +124,8 @@ def run_builds(specs: list[BuildSpec] | tuple[BuildSpec, ...], root: str | Path 
                       weights=s.weights)
     for source in dict.fromkeys(s.source for s in missing):  # an A/B's variants share one source: read it once
         safetensors_shapes(source)  # headers only: a corrupt weights file is refused before a child starts
-    outcomes = _convert_in_child(missing, root, on_progress, timeout_s, t0) if missing else {}
+    limit = (timeout_s, "as given") if timeout_s is not None else work_timeout(missing)
+    outcomes = _convert_in_child(missing, root, on_progress, limit, t0) if missing else {}
     seconds = time.monotonic() - t0
     built = {k for k, outcome in outcomes.items() if outcome == "built"}
     return [BuildResult(s.key, root / s.key, s.key not in built, seconds if s.key in built else 0.0) for s in specs]
@@ -133,21 +140,30 @@ def run_folded_build(spec: BuildSpec, root: str | Path | None = None,
     t0 = time.monotonic()
     root = builds_dir(root)
     cmd, log_path = _child_request(root, f"{spec.key}-fold", spec.to_json(), "analyzer.fold.fold_child")
-    outcomes = run_child(f"{spec.key} (folded)", cmd, log_path, on_progress, timeout_s, t0)
+    limit = (timeout_s, "as given") if timeout_s is not None else work_timeout([spec])
+    outcomes = run_child(f"{spec.key} (folded)", cmd, log_path, on_progress, *limit, t0=t0)
     if len(outcomes) != 1 or not is_complete(root / next(iter(outcomes))):
         raise BuildError(f"fold of {spec.key} failed: the fold ended without a finished build (log: {log_path})")
     ((key, outcome),) = outcomes.items()
     return BuildResult(key, root / key, outcome == "reused", 0.0 if outcome == "reused" else time.monotonic() - t0)
 
 
-def _convert_in_child(specs: list[BuildSpec], root: Path, on_progress, timeout_s: float | None,
+def work_timeout(specs) -> tuple[float, str]:
+    """(seconds, how they were set): how long the child converting ``specs`` may work, :data:`TIMEOUT_FIXED_S` +
+    :data:`TIMEOUT_FACTOR` x the estimated wall time of each build (a fold: of its repeat_kv build)."""
+    work = sum(estimate(load_config(s.source), s.ctx, s.build_mode, s.backend, s.weights).wall_s for s in specs)
+    return (TIMEOUT_FIXED_S + TIMEOUT_FACTOR * work,
+            f"{TIMEOUT_FIXED_S:.0f} s + {TIMEOUT_FACTOR:.0f} x the estimated {work:.0f} s of its builds")
+
+
+def _convert_in_child(specs: list[BuildSpec], root: Path, on_progress, limit: tuple[float, str],
                       t0: float) -> dict[str, str]:
     """Convert ``specs`` in one child; returns key → "built" or "reused" (an identical request elsewhere may
     have finished a build while this one waited for its key lock)."""
     name = specs[0].key if len(specs) == 1 else f"{specs[0].key}+{len(specs) - 1}"
     cmd, log_path = _child_request(root, name, {"specs": [s.to_json() for s in specs]}, "analyzer.convert.child")
     what = specs[0].key if len(specs) == 1 else " + ".join(s.key for s in specs)
-    outcomes = run_child(what, cmd, log_path, on_progress, timeout_s, t0)
+    outcomes = run_child(what, cmd, log_path, on_progress, *limit, t0=t0)
     unfinished = [s.key for s in specs if not is_complete(root / s.key)]
     if unfinished:
         raise BuildError(f"build {' + '.join(unfinished)} failed: the conversion ended without a finished build "
@@ -173,17 +189,21 @@ def child_env() -> dict[str, str]:
 
 
 def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[Progress], None] | None = None,
-              timeout_s: float | None = None, t0: float | None = None) -> dict[str, str]:
+              timeout_s: float | None = None, timeout_why: str = "as given",
+              t0: float | None = None) -> dict[str, str]:
     """Run the conversion child ``cmd`` (building ``what``), relaying its progress; returns what it did per key
     (``{"result": "built"|"reused", "key": K}`` lines). The child runs in its own session, so a timeout or an
-    interrupt stops it and every process it started (the equivalence worker); the timeout holds even while the
-    child prints nothing (its output is read by a thread). On Linux a conversion child is forked by the fork server
-    (``analyzer.convert.fork_client``), which has imported the child's modules already."""
+    interrupt stops it and every process it started (the equivalence worker). ``timeout_s`` is the time it may
+    work (``timeout_why``: how it was set): the clock stops while the child reports it is queued (its ``queued``
+    progress lines, every 5 s), and the timeout holds even while it prints nothing (its output is read by a thread);
+    the error line says the limit, how it was set and what the child was doing. On Linux a conversion child is
+    forked by the fork server (``analyzer.convert.fork_client``), which has imported the child's modules already."""
 
     t0 = time.monotonic() if t0 is None else t0
     env = child_env()
     lines: queue_mod.Queue[str | None] = queue_mod.Queue()
-    last_error, outcomes = "", {}
+    last_error, outcomes, doing = "", {}, "starting"
+    deadline, queued_since = None if timeout_s is None else t0 + timeout_s, None
     with log_path.open("w") as log:
         proc = start_child(cmd, env, REPO_ROOT)
         assert proc.stdout is not None
@@ -196,11 +216,13 @@ def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[
         threading.Thread(target=pump, daemon=True, name="qfold-build").start()
         try:
             while True:
-                wait = None if timeout_s is None else max(0.0, t0 + timeout_s - time.monotonic())
+                deadline, queued_since = _unqueued(deadline, queued_since)
                 try:
-                    line = lines.get(timeout=wait)
+                    line = lines.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
                 except queue_mod.Empty:
-                    raise BuildError(f"build {what} timed out after {timeout_s:.0f} s; log: {log_path}") from None
+                    raise BuildError(f"build {what} timed out after {timeout_s:.0f} s of work (its limit, "
+                                     f"{timeout_why}) while {doing}; log: {log_path}") from None
+                deadline, queued_since = _unqueued(deadline, queued_since)  # queued up to this line
                 if line is None:
                     break
                 log.write(line)
@@ -215,8 +237,12 @@ def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[
                     last_error = msg["error"]
                 elif msg.get("result"):
                     outcomes[str(msg.get("key", ""))] = msg["result"]
-                elif on_progress is not None:
-                    on_progress(Progress(msg["fraction"], msg["stage"], msg["message"]))
+                else:
+                    queued = msg.get("stage") == "queued"
+                    queued_since = (queued_since or time.monotonic()) if queued else None
+                    doing = f"{msg.get('stage')}: {str(msg.get('message', ''))[:200]}"
+                    if on_progress is not None:
+                        on_progress(Progress(msg["fraction"], msg["stage"], msg["message"]))
             code = proc.wait()
         except BaseException:
             _stop(proc)
@@ -225,6 +251,14 @@ def run_child(what: str, cmd: list[str], log_path: Path, on_progress: Callable[[
         reason = last_error or _last_line(log_path) or f"exit code {code}"
         raise BuildError(f"build {what} failed: {reason} (log: {log_path})")
     return outcomes
+
+
+def _unqueued(deadline: float | None, queued_since: float | None) -> tuple[float | None, float | None]:
+    """The deadline moved on by the time queued since ``queued_since`` (the work clock stands still meanwhile)."""
+    if queued_since is None or deadline is None:
+        return deadline, queued_since
+    now = time.monotonic()
+    return deadline + now - queued_since, now
 
 
 def _stop(proc: subprocess.Popen | ForkedChild) -> None:
