@@ -314,3 +314,36 @@ def test_a_server_that_hangs_at_start_up_is_given_up_after_its_timeout(tmp_path,
     assert said == ["qfold: the fork server did not start (no 'ready' within 2 s (its imports)); children start "
                     "as new processes"]
     assert fork_client._CLOSED and all(s.proc.poll() is not None for s in fork_client._CLOSED)  # killed, reaped
+
+
+# ------------------------------------------------------------------------------------------------ forks
+AT_FORK = textwrap.dedent("""
+    import json, os, sys, threading
+    log = open(sys.argv[3], "a")
+    def before():
+        log.write(json.dumps({"pid": os.getpid(), "threads": [t.name for t in threading.enumerate()]}) + "\\n")
+        log.flush()
+    os.register_at_fork(before=before)
+    from analyzer.convert.child import main
+    sys.exit(main(sys.argv[1:3]))
+""")
+
+
+def test_no_thread_is_alive_when_a_conversion_child_forks_its_workers(tmp_path):
+    """One request of an analysis A/B of a model larger than the reduced one and a materialised build: the
+    equivalence checks run in one worker process and the A/B's second variant in another, both forked from the
+    child (which used to fork the second while the first's pool ran its manager thread). Every fork happens with the
+    child's main thread alone."""
+    source = resolve_source(DEFAULT_PRESET, (*TINY_OVERRIDES, "num_hidden_layers=3"), seed=434)
+    specs = [*(BuildSpec(source, v, "state", TINY_CTX, build_mode="analysis") for v in ("repeat_kv", "qfold")),
+             BuildSpec(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES, seed=434), "qfold", "state", TINY_CTX)]
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"specs": [s.to_json() for s in specs]}))
+    forks = tmp_path / "forks.jsonl"
+    run = subprocess.run([sys.executable, "-c", AT_FORK, str(request), str(tmp_path), str(forks)],
+                         env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "checking the variants' equivalence in a worker process" in run.stdout
+    assert "converting qfold in 1 worker process(es) beside this one" in run.stdout
+    records = [json.loads(line) for line in forks.read_text().splitlines()]
+    assert records and all(r["threads"] == ["MainThread"] for r in records), records

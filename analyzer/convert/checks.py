@@ -33,7 +33,7 @@ import numpy as np
 
 from analyzer import quiet_coremltools
 from analyzer.analysis.buildinfo import EquivalenceCheck, equivalence_from_json, equivalence_json
-from analyzer.convert.progress import emit, worker_pool
+from analyzer.convert.progress import SharedWorkers, emit
 from analyzer.engines.interpret import decode_steps, load_interpreter
 from analyzer.errors import QfoldError
 from analyzer.fsio import read_json, write_json_atomic
@@ -216,12 +216,13 @@ class ReducedEquivalences:
     model is the reduced model's size (:func:`is_reduced_size`): one process fewer to start and to share the cores
     with."""
 
-    def __init__(self, specs: list[BuildSpec], cache_dir: Path | None, in_process: str = ""):
+    def __init__(self, specs: list[BuildSpec], cache_dir: Path | None, in_process: str = "",
+                 workers: SharedWorkers | None = None):
         self.cache_dir = cache_dir
         self.results: dict[str, Any] = {}
         self.futures: dict[str, Any] = {}
         self.pending: dict[str, dict] = {}  # in_process: digest → spec, computed by result()
-        self.pool = None
+        self.workers = workers  # the child's worker processes (one of them for these checks), unless in_process
         for spec in (s.for_phase(p) for s in specs for p in phases_of(s.phase)):
             digest, reduced = _equivalence_key(spec)
             if digest in self.results or digest in self.futures or digest in self.pending:
@@ -235,14 +236,14 @@ class ReducedEquivalences:
             where = f"in this process {in_process}" if in_process else "in a worker process"
             emit(0.01, "equivalence", f"checking the variants' equivalence {where}: {spec.kv_mode} KV, "
                  f"ctx {spec.ctx}, {what}, fp32 and fp16, on a reduced model ({reduced}, random weights)")
-            if in_process:
+            if in_process or workers is None:
                 self.pending[digest] = spec.to_json()
                 continue
-            if self.pool is None:
-                self.pool = worker_pool(1)
             from analyzer.convert.checks import check_reduced_equivalence as job  # a module name the worker imports
 
-            self.futures[digest] = self.pool.submit(job, spec.to_json())
+            if not self.futures:
+                workers.plan(1)  # one worker runs these checks, one after the other
+            self.futures[digest] = workers.submit(job, spec.to_json())
 
     def _cached(self, digest: str):
         path = self.cache_dir / f"{digest}.json" if self.cache_dir is not None else None
@@ -273,5 +274,5 @@ class ReducedEquivalences:
         return self.results[digest]
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        for future in self.futures.values():
+            future.cancel()

@@ -49,8 +49,16 @@ from analyzer.convert.builds_folder import (
 from analyzer.convert.checks import ReducedEquivalences, is_reduced_size
 from analyzer.convert.coreai_build import coreai_group
 from analyzer.convert.launch import LOG_FILE, is_complete
-from analyzer.convert.modes import analysis_group, materialised_group
-from analyzer.convert.progress import LOG, T0, emit, peak_rss_bytes, report_errors, result  # noqa: F401  (peak_rss_bytes: re-exported)
+from analyzer.convert.modes import analysis_group, analysis_workers, materialised_group
+from analyzer.convert.progress import (  # noqa: F401  (peak_rss_bytes: re-exported)
+    LOG,
+    T0,
+    SharedWorkers,
+    emit,
+    peak_rss_bytes,
+    report_errors,
+    result,
+)
 from analyzer.convert.step import convert_step, ct_io  # noqa: F401  (re-exported: tests and tools import them here)
 from analyzer.errors import BuildError
 from analyzer.fsio import read_json
@@ -98,9 +106,12 @@ def build_all(specs: list[BuildSpec], out_dirs: dict[str, Path],
     side_by_side = (os.cpu_count() or 1) > 1 and any(len(g) > 1 for g in groups.values()) and all(
         g[0].build_mode == ANALYSIS_MODE and g[0].backend != COREAI for g in groups.values())
     small = all(is_reduced_size(s) for s in specs)
-    equivalences = ReducedEquivalences(specs, equivalence_cache, in_process=(
-        "(a model of the reduced model's size: quicker than starting a worker)" if small else
-        "after its own conversion" if side_by_side else ""))
+    in_process = ("(a model of the reduced model's size: quicker than starting a worker)" if small else
+                  "after its own conversion" if side_by_side else "")
+    # every worker process of this child in one pool, forked at once before any thread runs (progress.SharedWorkers)
+    workers = SharedWorkers(max((analysis_workers(g) for g in groups.values()
+                                 if g[0].build_mode == ANALYSIS_MODE and g[0].backend != COREAI), default=0))
+    equivalences = ReducedEquivalences(specs, equivalence_cache, in_process, workers)  # plans its own worker
     try:
         done = 0
         for group in groups.values():
@@ -111,6 +122,7 @@ def build_all(specs: list[BuildSpec], out_dirs: dict[str, Path],
                 yield spec, analyses
     finally:
         equivalences.close()
+        workers.close()
 
 
 def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None) -> tuple[Analysis, ...]:

@@ -39,7 +39,7 @@ from analyzer.convert.checks import (
 from analyzer.convert.compress import compress_model, needs_untie, parse_spec
 from analyzer.convert.header_blobs import compress_program, to_program, walk_program
 from analyzer.convert.launch import PACKAGE_NAME
-from analyzer.convert.progress import Clock, emit, peak_rss_bytes, worker_pool
+from analyzer.convert.progress import Clock, SharedWorkers, emit, peak_rss_bytes
 from analyzer.convert.step import convert_step, trace_step
 from analyzer.ir.coreml.mil_reader import list_functions, read_program
 from analyzer.jsonfields import Field
@@ -234,12 +234,15 @@ class _Workers:
     as the machine has cores beside the child's own (none on one core, nor for models of the reduced model's size:
     then they run here, in turn)."""
 
-    def __init__(self, specs: list[BuildSpec], out_dirs):
-        # none for models of the reduced model's size either: they convert before a worker would have started
-        n = 0 if all(is_reduced_size(s) for s in specs) else min(len(specs), (os.cpu_count() or 1) - 1)
-        self.pool = worker_pool(n) if n > 0 else None
-        self.futures = {s.key: self.pool.submit(value_free_job, s.to_json(), str(out_dirs[s.key])) for s in specs} \
-            if self.pool else {}
+    def __init__(self, specs: list[BuildSpec], out_dirs, workers: SharedWorkers | None):
+        self.futures = {s.key: workers.submit(value_free_job, s.to_json(), str(out_dirs[s.key])) for s in specs} \
+            if workers is not None and self.count(specs) else {}
+
+    @staticmethod
+    def count(specs: list[BuildSpec]) -> int:
+        """Worker processes for ``specs``: none for models of the reduced model's size (they convert before a worker
+        would have started), else one per spare core."""
+        return 0 if not specs or all(is_reduced_size(s) for s in specs) else min(len(specs), (os.cpu_count() or 1) - 1)
 
     def result(self, spec: BuildSpec, out_dir: Path, progress) -> tuple[list, dict[str, float], bool, int, bool]:
         """(programs, timings, untied, peak RSS of the process that converted them, converted in a worker)."""
@@ -254,8 +257,13 @@ class _Workers:
                 doc["peak_rss_bytes"], True)
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        for future in self.futures.values():
+            future.cancel()
+
+
+def analysis_workers(group: list[BuildSpec]) -> int:
+    """Worker processes :func:`analysis_group` uses for ``group`` (its builds after the first)."""
+    return _Workers.count(group[1:])
 
 
 def analysis_group(group: list[BuildSpec], out_dirs, equivalences: ReducedEquivalences, done: int, total: int):
@@ -264,7 +272,7 @@ def analysis_group(group: list[BuildSpec], out_dirs, equivalences: ReducedEquiva
     traced over zero placeholders, converted, compressed and walked (:func:`value_free_programs`). No package."""
 
     together = [s.key for s in group]
-    workers = _Workers(group[1:], out_dirs)
+    workers = _Workers(group[1:], out_dirs, equivalences.workers)
     if workers.futures:
         emit((done + 0.01) / total, "convert", f"converting {', '.join(s.variant for s in group[1:])} in "
              f"{len(workers.futures)} worker process(es) beside this one")

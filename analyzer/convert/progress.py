@@ -70,6 +70,34 @@ def worker_pool(max_workers: int, platform: str = sys.platform) -> ProcessPoolEx
     return ProcessPoolExecutor(max_workers=max_workers, mp_context=get_context(method))
 
 
+class SharedWorkers:
+    """The worker processes of one conversion child (the equivalence check, an A/B's other variants), made as ONE
+    pool of ``size`` processes, forked together at the first ``submit``, before the pool starts its manager thread
+    (``ProcessPoolExecutor`` with ``fork`` launches every process then, and none later). Two pools forked the second
+    while the first's manager thread ran: a fork with a thread alive, which may copy a lock that thread holds."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._pool: ProcessPoolExecutor | None = None
+
+    def plan(self, n: int) -> None:
+        """``n`` more processes, before the pool is forked."""
+        if self._pool is not None:
+            raise RuntimeError("the worker processes are forked already; plan them all before the first job")
+        self.size += n
+
+    def submit(self, fn, *args):
+        if self._pool is None:
+            if self.size < 1:
+                raise RuntimeError("no worker process was planned for this child")
+            self._pool = worker_pool(self.size)
+        return self._pool.submit(fn, *args)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class Clock:
     """Seconds per named step, rounded to ms (a name timed twice adds up)."""
 
