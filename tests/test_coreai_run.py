@@ -25,9 +25,12 @@ from analyzer.analysis.accounting import CATEGORIES, account
 from analyzer.cli import main
 from analyzer.engines.coreai.runtime import FP16_TOLERANCE, FP32_TOLERANCE, CoreAIRuntime, OpTime, Profile
 from analyzer.engines.interpret import decode_steps, load_interpreter
+from analyzer.errors import AimodelError, CoreAIRuntimeError, FoldError
 from analyzer.fold.coreai.asset_fold import fold_asset, kv_copies
+from analyzer.ir.coreai import native_child
+from analyzer.ir.coreai.op_ids import read_op_ids
 from analyzer.ir.coreai.walk import read_asset
-from analyzer.measure.bench import join_profile
+from analyzer.measure.bench import join_asset, join_profile
 from analyzer.model.decode import run_decode
 from tests.conftest import FOLD_REPORT_KEYS, TINY_CTX, TINY_OVERRIDES
 from tests.coreai_assets import coreai_asset, coreml_fp32_package, make_step
@@ -241,3 +244,30 @@ def test_the_profile_join_claims_nothing_when_the_op_order_differs(assets):
     profile = Profile(1, 2_000_000, (OpTime("call.coreai.cast", 5, 1_000_000, 1),))
     ops, by_cat, join = join_profile(program, [("coreai.constant", None)], profile)
     assert ops == () and join.startswith("not joined") and by_cat["runtime"] == 1.0
+
+
+def test_every_core_ai_child_is_held_to_its_limit_and_says_so(assets, tmp_path, monkeypatch):
+    """The MLIR reader, the op-id reader, the fold's rewrite and the runtime itself, each given no time at all (a
+    hung child, as far as the parent can tell): one line with the limit and how it was set, the child stopped; a
+    failed op-id child leaves the bench's join unjoined, saying why, never a join of nothing."""
+    a, _ = assets
+    asset = a["qfold_float32"]
+    program = read_asset(asset)
+    monkeypatch.setattr(native_child, "FIXED_S", 0.0)
+    monkeypatch.setattr(native_child, "FACTOR", 0.0)
+    limit = "(its limit, 0 s + 0 x the estimated "
+    with pytest.raises(AimodelError, match=r"reading its MLIR timed out after 0 s \(its limit, 0 s \+ 0 x "):
+        read_asset(asset)
+    with pytest.raises(CoreAIRuntimeError) as e:
+        read_op_ids(asset)
+    assert str(e.value).startswith(f"{asset}: reading its op ids timed out after 0 s {limit}")
+    profile = Profile(1, 2_000_000, (OpTime("call.coreai.cast", 5, 1_000_000, 1),))
+    ops, by_cat, join = join_asset(program, asset, profile)
+    assert ops == () and by_cat["runtime"] == 1.0 and join == f"not joined: {e.value}"
+    with pytest.raises(FoldError, match=r"the Core AI rewrite timed out after 0 s"):
+        fold_asset(a["repeat_kv_float32"], tmp_path / "folded.aimodel", prove=False)
+    with CoreAIRuntime() as runtime, pytest.raises(CoreAIRuntimeError) as e:
+        runtime.load(asset)
+    assert str(e.value) == (f"{asset}: the Core AI runtime did not answer within 0 s {limit}"
+                            f"{native_child.asset_bytes(asset) * native_child.SECONDS_PER_GB / 1e9:.1f} s for "
+                            f"{native_child.asset_bytes(asset) / 1e9:.2f} GB) while loading it; stopped")

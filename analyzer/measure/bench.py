@@ -270,8 +270,7 @@ def run_bench(paths: list[str | Path], labels: list[str | None] | None = None, s
     tell(1.0, "joining the profiles to the op records")
     results = []
     for t, program, m, prof in zip(targets, programs, models, profiles, strict=True):
-        ids = read_op_ids(t.asset) if prof is not None else []
-        ops, by_cat, join = join_profile(program, ids, prof) if prof is not None else ((), {}, "not profiled")
+        ops, by_cat, join = join_asset(program, t.asset, prof) if prof is not None else ((), {}, "not profiled")
         ctx = next((s.shape[-2] for s in m.states if len(s.shape) == 4), None)
         results.append(TargetBench(t.label, str(t.asset), t.build_key, weights_dtype(program), ctx, steps,
                                    tuple(round_s[m.id]), prof.execute_ns / 1e6 / steps if prof else 0.0,
@@ -280,6 +279,19 @@ def run_bench(paths: list[str | Path], labels: list[str | None] | None = None, s
     if sys.platform.startswith("linux") and any(r.weights_dtype == "fp16" for r in results):
         notes = (FP16_NOTE,)
     return BenchResult(machine(), rounds, warmup, tuple(results), notes)
+
+
+def join_asset(program: MilProgram, asset: Path, profile: Profile
+               ) -> tuple[tuple[OpTiming, ...], dict[str, float], str]:
+    """:func:`join_profile` with the asset's op ids; when their child fails, every profiled ms stays the
+    runtime's and the join says why (never a join of nothing that looks like zero ops)."""
+    try:
+        ids = read_op_ids(asset)
+    except CoreAIRuntimeError as e:
+        by_cat = {c: 0.0 for c in (*CATEGORIES, COMPUTE_CATEGORY, RUNTIME_CATEGORY)}
+        by_cat[RUNTIME_CATEGORY] = sum(o.time_ns for o in profile.ops) / 1e6 / max(profile.calls, 1)
+        return (), by_cat, f"not joined: {e}"
+    return join_profile(program, ids, profile)
 
 
 # ------------------------------------------------------------------------------------------------ outputs

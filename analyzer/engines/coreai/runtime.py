@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -32,6 +33,7 @@ from analyzer.engines.coreai.runtime_child import FUNCTION, recv, send
 from analyzer.engines.interpret.executor import RunResult
 from analyzer.errors import CoreAIRuntimeError
 from analyzer.ir.coreai.asset import ASSET_SUFFIX, check_asset, looks_like_asset
+from analyzer.ir.coreai.native_child import asset_bytes, child_limit
 from analyzer.ir.mil_records import TensorInfo, tensor_nbytes
 
 # The runtime's dtype names (NDArray descriptors) → qfold's (MIL) names, and back.
@@ -46,6 +48,10 @@ NP_NAMES = {v: k for k, v in QFOLD_DTYPES.items()}
 FP32_TOLERANCE = 1e-4
 FP16_TOLERANCE = 3e-2
 POLL_S = 0.2  # how often a waiting parent checks that the child is still alive
+# A runtime call's time per GB it reads (the asset's weights, the states): the 2-layer fp32 asset of
+# bench/results/coreai.json ("attention", ctx 2048, repeat_kv: 117 ms a decode step for ~25 MB) → ~5 s per GB, the
+# single-threaded CPU runtime's pace. Each request's limit is native_child's (fixed + 20x the estimate).
+RUNTIME_SECONDS_PER_GB = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +130,22 @@ class CoreAIRuntime:
         self._log.close()
         Path(self._log.name).unlink(missing_ok=True)
 
-    def request(self, header: dict, arrays: dict[str, np.ndarray] | None, what: str, where: str
-                ) -> tuple[dict, dict[str, np.ndarray]]:
-        """One request to the child; its death or its error is a :class:`CoreAIRuntimeError` naming ``where``."""
+    def request(self, header: dict, arrays: dict[str, np.ndarray] | None, what: str, where: str,
+                limit: tuple[float, str]) -> tuple[dict, dict[str, np.ndarray]]:
+        """One request to the child, answered within ``limit`` (seconds, how they were set: scaled to the request's
+        work); its death, its error or its silence past the limit (the child is then stopped) is a
+        :class:`CoreAIRuntimeError` naming ``where``."""
+        deadline = time.monotonic() + limit[0]
         try:
             send(self._conn, header, arrays)
             while not self._conn.poll(POLL_S):
                 if self._proc.poll() is not None:
                     break
+                if time.monotonic() > deadline:
+                    self._proc.kill()
+                    self._proc.wait()
+                    raise CoreAIRuntimeError(f"{where}: the Core AI runtime did not answer within {limit[0]:.0f} s "
+                                             f"(its limit, {limit[1]}) while {what}; stopped")
             reply, out = recv(self._conn)
         except (EOFError, OSError):
             raise CoreAIRuntimeError(f"{where}: the Core AI runtime {self._death()} while {what}"
@@ -160,9 +174,11 @@ class CoreAIRuntime:
     def load(self, path: str | Path) -> LoadedModel:
         """Check ``path`` is a Core AI asset, then load its ``main`` function in the child."""
         asset = check_asset(path)
-        reply, _ = self.request({"op": "load", "path": str(asset)}, None, "loading it", str(asset))
+        size = asset_bytes(asset)
+        reply, _ = self.request({"op": "load", "path": str(asset)}, None, "loading it", str(asset), child_limit(size))
         model = LoadedModel(self, reply["id"], asset, *(tuple(_tensor(t) for t in reply[k])
                                                         for k in ("inputs", "states", "outputs")))
+        model.call_bytes = size + sum(t.nbytes for t in model.states)
         self._models.append(model)
         return model
 
@@ -174,9 +190,11 @@ class CoreAIRuntime:
         steps = {len(feeds[m.id]) for m in models}
         if len(steps) != 1:
             raise CoreAIRuntimeError(f"every model needs the same number of decode steps, got {sorted(steps)}")
-        reply, _ = self.request({"op": "time", "ids": [m.id for m in models], "steps": steps.pop(),
+        n = steps.pop()
+        work = (rounds + warmup) * n * sum(m.call_bytes for m in models)
+        reply, _ = self.request({"op": "time", "ids": [m.id for m in models], "steps": n,
                                  "rounds": rounds, "warmup": warmup}, arrays, "timing decode steps",
-                                ", ".join(str(m.path) for m in models))
+                                ", ".join(str(m.path) for m in models), child_limit(work, RUNTIME_SECONDS_PER_GB))
         return Timing(reply["steps"], warmup, {int(k): tuple(v) for k, v in reply["round_s"].items()})
 
 
@@ -197,6 +215,7 @@ class LoadedModel:
     states: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     function: str = FUNCTION
+    call_bytes: int = 0  # what one call reads at most: the asset's files and the states (a request's time limit)
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -208,7 +227,8 @@ class LoadedModel:
         arrays = {f"in/{k}": v for k, v in _checked(inputs, self.inputs, "input", self.path).items()}
         arrays.update({f"state/{k}": v for k, v in _checked(states or {}, self.states, "state", self.path,
                                                               partial=True).items()})
-        _, out = self.runtime.request({"op": "run", "id": self.id}, arrays, "running it", str(self.path))
+        _, out = self.runtime.request({"op": "run", "id": self.id}, arrays, "running it", str(self.path),
+                                      child_limit(self.call_bytes, RUNTIME_SECONDS_PER_GB))
         return RunResult({k[4:]: v for k, v in out.items() if k.startswith("out/")},
                          {k[6:]: v for k, v in out.items() if k.startswith("state/")})
 
@@ -217,7 +237,8 @@ class LoadedModel:
         profiler on (after one unprofiled pass), summing each op's time over the calls."""
         arrays = {f"{i}/{k}": v for i, step in enumerate(feed) for k, v in step.items()}
         reply, _ = self.runtime.request({"op": "profile", "id": self.id, "steps": len(feed)}, arrays,
-                                        "profiling it", str(self.path))
+                                        "profiling it", str(self.path),
+                                        child_limit(2 * len(feed) * self.call_bytes, RUNTIME_SECONDS_PER_GB))
         ops = tuple(OpTime(e, c, int(t), int(n)) for e, c, t, n in reply["ops"])
         return Profile(len(feed), int(reply["execute_ns"]), ops)
 

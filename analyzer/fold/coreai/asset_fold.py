@@ -15,9 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -31,6 +28,7 @@ from analyzer.fold.fold_records import CopyDecision, FoldReport, FunctionBytes, 
 from analyzer.fold.proof import DEFAULT_STEPS, FoldProof, compared
 from analyzer.fsio import replace_dir
 from analyzer.ir.coreai.asset import ASSET_SUFFIX, check_asset
+from analyzer.ir.coreai.native_child import asset_bytes, child_limit, run_module
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.ir.mil_records import MilProgram
 
@@ -83,18 +81,15 @@ def kv_copies(program: MilProgram) -> int:
 
 # ------------------------------------------------------------------------------------------------ folding
 def _rewrite(src: Path, tmp: Path) -> dict:
-    """Run :mod:`analyzer.fold.coreai.rewrite` in a child; its crash or error is one line."""
+    """Run :mod:`analyzer.fold.coreai.rewrite` in a child, within a time limit scaled to the asset (it reads the
+    program and copies the weights: :mod:`analyzer.ir.coreai.native_child`); its crash, error or timeout is one
+    line."""
     with tempfile.TemporaryDirectory(prefix="qfold-fold-") as d:
         report = Path(d) / "report.json"
-        root = str(Path(__file__).resolve().parents[3])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        proc = subprocess.run([sys.executable, "-m", "analyzer.fold.coreai.rewrite", str(src), str(tmp),
-                               str(report)], capture_output=True, text=True, env=env)
-        if proc.returncode != 0 or not report.is_file():
-            lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-            how = (f"crashed ({signal.Signals(-proc.returncode).name})" if proc.returncode < 0
-                   else f"failed (exit {proc.returncode})")
-            raise FoldError(f"{src}: the Core AI rewrite {how}" + (f": {lines[-1][:200]}" if lines else ""))
+        run_module("analyzer.fold.coreai.rewrite", [str(src), str(tmp), str(report)], "the Core AI rewrite",
+                   str(src), child_limit(asset_bytes(src)), FoldError)
+        if not report.is_file():
+            raise FoldError(f"{src}: the Core AI rewrite wrote no report")
         return json.loads(report.read_text())
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from analyzer.errors import CoreAIRuntimeError
 from analyzer.ir.coreai.asset import PROGRAM_FILE, check_asset
+from analyzer.ir.coreai.native_child import asset_bytes, child_limit, run_module
 
 OP_ID = re.compile(r'"op_id": \{type = "coreai", value = (\d+)')  # in an op's debug location
 CALLEE = re.compile(r"@([\w.$-]+)")  # a coreai.invoke's callee graph
@@ -63,14 +64,16 @@ def dump_op_ids(asset: Path) -> list[tuple[str, int | None]]:
 
 
 def read_op_ids(asset: Path) -> list[tuple[str, int | None]]:
-    """The parent's side: :func:`op_id_sequence` of ``asset`` read in a child; empty when the child fails (the
-    join then claims nothing: its op count differs from the records')."""
+    """The parent's side: :func:`op_id_sequence` of ``asset`` read in a child (within its time limit,
+    :mod:`analyzer.ir.coreai.native_child`). A child that fails, crashes or times out is a
+    :class:`~analyzer.errors.CoreAIRuntimeError` in one line, never an empty list (which a join would report as
+    nothing joined)."""
     with tempfile.TemporaryDirectory(prefix="qfold-opids-") as d:
         out = Path(d) / "ids.json"
-        proc = subprocess.run([sys.executable, "-m", "analyzer.ir.coreai.op_ids", str(asset), str(out)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0 or not out.is_file():
-            return []
+        run_module("analyzer.ir.coreai.op_ids", [str(asset), str(out)], "reading its op ids", str(asset),
+                   child_limit(asset_bytes(asset)), CoreAIRuntimeError)
+        if not out.is_file():
+            raise CoreAIRuntimeError(f"{asset}: reading its op ids wrote nothing")
         return [(str(n), None if i is None else int(i)) for n, i in json.loads(out.read_text())]
 
 

@@ -21,8 +21,6 @@ child process (:mod:`analyzer.ir.coreai.mlir_dump`), and the dump becomes record
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import tempfile
 from collections import defaultdict
 from dataclasses import replace
@@ -33,13 +31,12 @@ from analyzer.errors import AimodelError
 from analyzer.fsio import read_json
 from analyzer.ir.coreai.asset import METADATA_FILE, check_asset
 from analyzer.ir.coreai.dialect import PER_CALL_DECOMPRESSION, TERMINATORS, kind_of, operand_names
+from analyzer.ir.coreai.native_child import asset_bytes, child_limit, run_module
 from analyzer.ir.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
 from analyzer.ir.opfacts import classify_copies, layer_from_name
 
 ENTRY = "main"
 OPSET = "coreai"  # MilProgram.opset of a walked asset (MilProgram.backend reads it)
-# A full-size asset's dump is a few MB; its MLIR loads in seconds (../shared/probe/coreai/RESULTS.md, Q3/Q7).
-DUMP_TIMEOUT_S = 600
 MAX_DUMP_BYTES = 1 << 30
 _MAX_INLINE_DEPTH = 8
 _FRAME = re.compile(r"^(.+)\$(\d+)$")
@@ -51,11 +48,8 @@ def read_asset(path: str | Path) -> MilProgram:
     asset = check_asset(path)
     with tempfile.TemporaryDirectory(prefix="qfold-aimodel-") as d:
         out = Path(d) / "dump.json"
-        try:
-            proc = subprocess.run([sys.executable, "-m", "analyzer.ir.coreai.mlir_dump", str(asset), str(out)],
-                                  capture_output=True, text=True, timeout=DUMP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise AimodelError(f"{asset}: reading its MLIR took more than {DUMP_TIMEOUT_S} s") from None
+        proc = run_module("analyzer.ir.coreai.mlir_dump", [str(asset), str(out)], "reading its MLIR", str(asset),
+                          child_limit(asset_bytes(asset)), AimodelError, check=False)
         if proc.returncode != 0 or not out.is_file():
             lines = [ln.strip() for ln in proc.stderr.strip().splitlines() if ln.strip()]
             last = lines[-1][:300] if lines else ""
