@@ -328,4 +328,4 @@ else:
 # ---------------------------------------------------------------------------------------------- existing models
 builds_tools.analyse_section()
 builds_tools.fold_section(root)
-builds_tools.bench_section()
+builds_tools.bench_section(root)

@@ -1,6 +1,7 @@
 """The Builds page's tools for models that exist: analyse a .mlpackage or .aimodel made elsewhere, fold one (or a
 Core AI build), and time Core AI builds on the Core AI runtime, whose log rows join the Device logs and Bandwidth
-pages. The logic is in ``analyzer`` (``fold.cache``, ``measure.bench``, ``report.coreai_view``)."""
+pages. Folds and benches run as ``qfold fold`` / ``qfold bench`` child processes (``analyzer.cli.delegate``), never
+in the dashboard's own process; the rest of the logic is in ``analyzer`` (``report.coreai_view``)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import streamlit as st
 
 from analyzer import fmt
 from analyzer.analysis.shapes import parse_shape_text
+from analyzer.cli.delegate import PROGRESS, WAITING, bench_in_child, fold_in_child
 from analyzer.errors import QfoldError
-from analyzer.fold.cache import fold_cached, fold_record_of
+from analyzer.fold.cache import fold_record_of
 from analyzer.fsio import path_under_roots
-from analyzer.measure.bench import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_WARMUP, log_csv, run_bench
+from analyzer.measure.bench import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_WARMUP
 from analyzer.report.catalog import package_refs
 from analyzer.report.coreai_view import asset_of, bench_frame, bench_targets, fold_targets
 from analyzer.report.messages import for_ui
@@ -104,13 +106,18 @@ def fold_section(root: Path) -> None:
                    + " (analyse it again above with other shapes to change them).")
     if not clicked or to_fold not in candidates:
         return
-    with st.spinner("Folding (rewrite, save) and running both models on the proof's engine…"):
+    with st.status("Folding (rewrite, save) and running both models on the proof's engine, in a `qfold fold` "
+                   "child process…", expanded=False) as status:
         try:
             roles = str(path_under_roots(spec_path)) if spec_path.strip() else None
-            folded = fold_cached(to_fold, root, roles_path=roles, shapes=fold_shapes or None)
+            folded = fold_in_child(to_fold, root, roles, fold_shapes or None)
         except QfoldError as e:
+            status.update(label="The fold failed", state="error")
             widgets.error(e)
             return
+        status.update(label="Folded", state="complete")
+    if folded.exit_code != 0:
+        st.warning(fmt.md_text(for_ui(f"qfold fold exited with status {folded.exit_code}: {folded.error}")))
     analyses.set_package_shapes(str(folded.artifact), fold_shapes)  # the fold keeps the original's inputs
     _keep_package(folded.artifact)
     st.session_state[Key.AB_A] = candidates[to_fold][1] or package_refs(to_fold, fold_shapes)[0].id  # original
@@ -121,7 +128,7 @@ def fold_section(root: Path) -> None:
     st.page_link("app_pages/ab.py", label="Open the A/B", icon=":material/compare:")
 
 
-def bench_section() -> None:
+def bench_section(root: Path) -> None:
     """Core AI builds timed in one runtime child (interleaved rounds), with progress; the log joins the session's."""
     st.subheader("Time Core AI builds on the Core AI runtime")
     st.caption("Every build chosen is loaded into one Core AI runtime process; after the warmup, each round runs every "
@@ -146,12 +153,22 @@ def bench_section() -> None:
         go = st.form_submit_button("Bench", icon=":material/timer:")
     chosen = [i for i in chosen if i in by_id]
     if go and chosen:
-        with st.status(f"Timing {len(chosen)} build(s) on the Core AI runtime…", expanded=True) as status:
+        title = f"Timing {len(chosen)} build(s) on the Core AI runtime (a `qfold bench` child process)…"
+        with st.status(title, expanded=True) as status:
             bar = st.progress(0.0, text="starting the runtime")
+
+            def show(line: str) -> None:
+                if line.startswith(WAITING):  # another session's (or a CLI's) bench holds this folder's lock
+                    text = fmt.md_text(line.removeprefix(WAITING))
+                    status.update(label=text[:1].upper() + text[1:], state="running")
+                elif line.startswith(PROGRESS):
+                    pct, _, what = line.removeprefix(PROGRESS).partition("% ")
+                    status.update(label=title)
+                    bar.progress(min(1.0, float(pct) / 100) if pct.isdigit() else 0.0, text=fmt.md_text(what))
+
             try:
-                result = run_bench([asset_of(by_id[i]) for i in chosen], [by_id[i].label for i in chosen],
-                                   int(steps), int(rounds), int(warmup),
-                                   on_progress=lambda f, what: bar.progress(f, text=what))
+                result, log = bench_in_child([asset_of(by_id[i]) for i in chosen], [by_id[i].label for i in chosen],
+                                             int(steps), int(rounds), int(warmup), root, on_line=show)
             except QfoldError as e:
                 status.update(label="The bench failed", state="error")
                 widgets.error(e)
@@ -159,7 +176,7 @@ def bench_section() -> None:
             status.update(label=f"Timed {len(chosen)} build(s): {rounds} rounds of {steps} decode steps",
                           state="complete", expanded=False)
         st.session_state[Key.BUILDS_BENCH] = result
-        logs_state.add_bench_log(f"qfold bench {datetime.now():%Y-%m-%d %H-%M-%S}.csv", log_csv(result).encode())
+        logs_state.add_bench_log(f"qfold bench {datetime.now():%Y-%m-%d %H-%M-%S}.csv", log.encode())
     result = st.session_state.get(Key.BUILDS_BENCH)
     if result is None:
         return

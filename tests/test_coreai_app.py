@@ -140,3 +140,44 @@ def test_a_bench_of_two_core_ai_builds_reaches_the_logs_and_the_bandwidth_fit(co
     ok(button(at, "Read the pasted text").click().run())
     files = next(d.value for d in at.dataframe if "format" in d.value.columns)
     assert list(files["file"]) == ["pasted text 1", name] and list(files["format"]) == ["qfold-csv"] * 2
+
+
+HOLD_BENCH = ("import sys, time\nfrom pathlib import Path\nfrom analyzer.convert.builds_folder import bench_lock\n"
+              "with bench_lock(Path(sys.argv[1]), 'a test holding the lock', print):\n"
+              "    print('held', flush=True)\n    time.sleep(600)\n")
+
+
+def test_one_bench_at_a_time_per_builds_folder_the_next_one_waits_and_says_for_what(coreai_builds, tmp_path):
+    """The dashboard's bench is ``qfold bench`` in a child (``analyzer.cli.delegate``), under the builds folder's
+    bench lock: while another process holds it, the child says whom it waits for (the Builds page shows that
+    line as the bench's state) and starts once the lock is free; its waiting is not counted against its limit."""
+    import subprocess
+    import sys
+
+    from analyzer.cli.delegate import WAITING, bench_in_child
+    from analyzer.convert.launch import REPO_ROOT, child_env
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_BENCH, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              cwd=REPO_ROOT, env=child_env())
+    assert holder.stdout.readline() == "held\n"
+    said = []
+
+    def on_line(line: str) -> None:
+        said.append(line)
+        if line.startswith(WAITING) and holder.poll() is None:
+            holder.kill()  # the other bench ends: this one goes on
+            holder.wait()
+
+    asset = asset_of(next(r for r in bench_targets(catalog(coreai_builds["qfold"].parent))
+                          if r.id == f"build:{coreai_builds['qfold'].name}"))
+    try:
+        result, log = bench_in_child([asset], ["q"], 1, 1, 0, tmp_path, on_line)
+    finally:
+        holder.kill()
+        holder.wait()
+    waits = [ln for ln in said if ln.startswith(WAITING)]
+    assert waits and waits[0].startswith(f"{WAITING}waiting for the bench of pid {holder.pid} (since ")
+    assert waits[0].endswith(" UTC: a test holding the lock) to finish"), waits[0]
+    assert any(ln.startswith("progress: ") for ln in said)
+    assert [t.label for t in result.targets] == ["q"] and result.targets[0].tok_per_s_median > 0
+    assert log.count("\n") == 2  # the header and the one build's row

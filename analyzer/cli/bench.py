@@ -14,9 +14,12 @@ the per-op join as JSON. On Linux the runtime is CPU-only and single-threaded.
 from __future__ import annotations
 
 import json
+import sys
 
 from analyzer import fmt
 from analyzer.cli.common import positive_int
+from analyzer.convert.builds_folder import bench_lock
+from analyzer.convert.launch import builds_dir
 from analyzer.errors import CoreAIRuntimeError
 from analyzer.fsio import write_text_atomic
 from analyzer.measure.bench import log_csv, profile_json, run_bench
@@ -37,14 +40,24 @@ def add_parser(sub) -> None:
     p.add_argument("--out", metavar="log.csv", help="write one qfold-schema log row per target")
     p.add_argument("--profile-out", metavar="P.json", help="write the per-op profile joined to op records")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--builds-dir", help="the builds folder whose bench lock this run holds: one bench at a time per "
+                                        "folder, the others wait (default $QFOLD_BUILDS or ./builds)")
     p.set_defaults(func=cmd_bench)
+
+
+def _say(line: str) -> None:
+    """A progress or waiting line on stderr (stdout keeps the report, or the one JSON object)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def cmd_bench(args) -> int:
     if args.warmup < 0:
         raise CoreAIRuntimeError(f"--warmup {args.warmup}: give 0 or more rounds")
     labels = args.label or [bench_label(t) for t in args.targets]  # None: resolve_target's default (the name)
-    result = run_bench(args.targets, labels, steps=args.steps, rounds=args.rounds, warmup=args.warmup)
+    what = f"{len(args.targets)} target(s), {args.rounds} rounds of {args.steps} steps"
+    with bench_lock(builds_dir(args.builds_dir), what, lambda text: _say(f"waiting: {text}")):
+        result = run_bench(args.targets, labels, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
+                           on_progress=lambda f, text: _say(f"progress: {f:.0%} {text}"))
     if args.out:
         write_text_atomic(args.out, log_csv(result))
     if args.profile_out:

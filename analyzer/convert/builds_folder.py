@@ -22,8 +22,10 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,39 @@ def key_lock(root: Path, key: str) -> FileLock:
         raise ValueError(f"not a build key: {key!r}")
     (root / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
     return FileLock(str(root / LOCKS_DIR / f"{key}.lock"))
+
+
+BENCH_LOCK = "bench.lock"  # in LOCKS_DIR: one bench at a time per builds folder (timings of two would mix)
+BENCH_HOLDER = "bench.json"  # beside it: who holds it, for the others' "waiting for …"
+
+
+@contextmanager
+def bench_lock(root: Path, what: str, on_wait: Callable[[str], None]) -> Iterator[None]:
+    """Hold the builds folder's bench lock while timing ``what``; while another process holds it, ``on_wait`` gets
+    ``waiting for the bench of pid N (since HH:MM:SS UTC: …) to finish`` every 5 s."""
+    (root / LOCKS_DIR).mkdir(parents=True, exist_ok=True)
+    lock, holder = FileLock(str(root / LOCKS_DIR / BENCH_LOCK)), root / LOCKS_DIR / BENCH_HOLDER
+    while True:
+        try:
+            lock.acquire(timeout=5)
+            break
+        except Timeout:
+            on_wait(f"waiting for {_bench_holder(holder)} to finish")
+    try:
+        write_json_atomic(holder, {"pid": os.getpid(), "since": time.time(), "what": what})
+        yield
+    finally:
+        holder.unlink(missing_ok=True)
+        lock.release()
+
+
+def _bench_holder(holder: Path) -> str:
+    try:
+        doc = json.loads(holder.read_text())
+        since = time.strftime("%H:%M:%S", time.gmtime(float(doc["since"])))
+        return f"the bench of pid {int(doc['pid'])} (since {since} UTC: {str(doc['what'])[:120]})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another bench"
 
 
 def lock_is_held(root: Path, key: str) -> bool:

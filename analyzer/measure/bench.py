@@ -124,6 +124,18 @@ class BenchResult:
                 "targets": [{**_target_summary(t), "top_ops": [asdict(o) for o in t.ops[:TOP_OPS]]}
                             for t in self.targets]}
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> BenchResult:
+        """The result :meth:`to_json` wrote (``bench --json``), each target's ops its top :data:`TOP_OPS`."""
+        m = doc["machine"]
+        machine = Machine(m["cpu_model"], int(m["cores"]), m["os"], m["runtime_version"], m["compute_units"])
+        targets = tuple(TargetBench(
+            t["label"], t["path"], t["build_key"], t["weights_dtype"], t["context_length"], int(t["steps"]),
+            tuple(float(x) for x in t["round_s"]), float(t["profile_ms_per_token"]),
+            tuple(OpTiming(**o) for o in t["top_ops"]), {k: float(v) for k, v in t["time_by_category_ms"].items()},
+            t["join"]) for t in doc["targets"])
+        return cls(machine, int(doc["rounds"]), int(doc["warmup"]), targets, tuple(doc["notes"]), doc["date"])
+
 
 def _target_summary(t: TargetBench) -> dict[str, Any]:
     tps = t.tok_per_s
