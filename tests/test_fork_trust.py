@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -131,7 +130,7 @@ def test_a_squatted_server_name_is_refused_and_nothing_is_sent(capfd, who):
     try:
         assert squatter.stdout.readline() == "listening\n"
         capfd.readouterr()
-        assert fork_client._connect(env, address) is None  # what start_child asks first
+        assert fork_client._connect(env, address, fork_address.bounds()) is None  # what start_child asks first
         said = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("qfold: ")]
         assert squatter.stdout.readline() == "b''\n"  # connected, checked, closed: not a byte of a request
         assert len(said) == 1 and f"is held by pid {squatter.pid}" in said[0], said
@@ -166,7 +165,7 @@ def test_a_pid_is_killed_only_while_it_names_the_forked_child(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ limits
-def test_a_build_under_a_lower_ulimit_v_runs_under_it_in_a_server_of_its_own(tmp_path):
+def test_a_build_under_a_lower_ulimit_v_and_nice_runs_under_them_even_forked_by_another_process_server(tmp_path):
     env = own_env()
     ours = our_server(tmp_path)
     # room for the server's imports (the same code: the same ~0.9 GB), not for a build (a tiny one takes +50-130 MB)
@@ -178,9 +177,10 @@ def test_a_build_under_a_lower_ulimit_v_runs_under_it_in_a_server_of_its_own(tmp
     try:
         started = json.loads(proc.stdout.readline() or proc.stderr.read())
         child = psutil.Process(started["pid"])
-        assert child.ppid() != ours.pid  # another hard limit, another nice value: not this process's server
-        assert limits_of(child.pid)["Max address space"] == [str(limit_kib << 10)] * 2
-        assert child.nice() == nice
+        assert child.ppid() == ours.pid  # lower limits, a higher nice value: a child of the running server can
+        assert eventually(lambda: limits_of(child.pid)["Max address space"] == [str(limit_kib << 10)] * 2)
+        assert eventually(lambda: child.nice() == nice)
+        assert limits_of(ours.pid)["Max address space"] == ["unlimited"] * 2  # the server's own: unchanged
     finally:
         holder.kill()
         holder.wait()
@@ -188,6 +188,28 @@ def test_a_build_under_a_lower_ulimit_v_runs_under_it_in_a_server_of_its_own(tmp
     proc.wait(timeout=60)
     assert ended["exit"] == 1, ended["out"][-2000:]  # the build needs more than the limit: it fails under it
     assert "Cannot allocate memory" in ended["out"].splitlines()[-1], ended["out"][-2000:]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to lower a nice value")
+def test_a_requester_the_running_server_cannot_serve_starts_its_own(tmp_path):
+    """A lower nice value than the server's (or a higher hard limit) is beyond what a forked child can take on: the
+    requester starts a server of its own, and its child runs at its nice value."""
+    env = own_env()
+    ours = our_server(tmp_path)
+    request, key = build_request(tmp_path, seed=435)
+    holder = hold_lock(tmp_path, key)
+    proc = requester("true", child_cmd(request, tmp_path), env, {"nice": -2})
+    try:
+        started = json.loads(proc.stdout.readline() or proc.stderr.read())
+        child = psutil.Process(started["pid"])
+        assert started["forked"] and child.ppid() != ours.pid
+        assert child.nice() == os.getpriority(os.PRIO_PROCESS, 0) - 2
+    finally:
+        proc.kill()
+        proc.wait()
+        holder.kill()
+        holder.wait()
+        psutil.Process(started["pid"]).kill()
 
 
 def test_a_soft_ulimit_t_umask_and_affinity_hold_in_a_child_of_another_process_server(tmp_path):
@@ -217,15 +239,22 @@ def test_a_soft_ulimit_t_umask_and_affinity_hold_in_a_child_of_another_process_s
 def test_the_address_holds_what_a_child_cannot_take_on_and_not_what_it_can():
     env = child_env()
     here = fork_address.server_address(env)
-    soft = resource.getrlimit(resource.RLIMIT_CPU)
-    try:
-        resource.setrlimit(resource.RLIMIT_CPU, (600, soft[1]))  # a soft limit: the child takes it on
-        assert fork_address.server_address(env) == here
-        assert fork_address.own_limits()["soft"]["RLIMIT_CPU"] == 600
-    finally:
-        resource.setrlimit(resource.RLIMIT_CPU, soft)
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    assert fork_address.fixed_limits()["nice"] == nice
+    code = ("import json, resource, sys\nfrom analyzer.convert import fork_address\n"
+            "resource.setrlimit(resource.RLIMIT_CPU, (600, 900))\n"  # soft and hard: a child takes both on
+            "limits = fork_address.own_limits()\n"
+            "print(json.dumps([fork_address.server_address(json.loads(sys.argv[1])).hex(),"
+            " limits['soft']['RLIMIT_CPU'], limits['hard']['RLIMIT_CPU']]))\n")
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(env)], env=env, cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == [here.hex(), 600, 900]
+    server = {"hard": {"RLIMIT_AS": 1 << 30, "RLIMIT_CPU": -1}, "nice": 5, "oom_score_adj": 0}
+    assert fork_address.cannot_serve(server, {**server, "hard": {"RLIMIT_AS": 1 << 29, "RLIMIT_CPU": 60},
+                                              "nice": 19, "oom_score_adj": 1000}) is None  # a Ray worker's
+    assert fork_address.cannot_serve(server, {**server, "hard": {"RLIMIT_AS": -1, "RLIMIT_CPU": -1}}) == \
+        f"its hard RLIMIT_AS is {1 << 30}, below this process's -1"
+    assert fork_address.cannot_serve(server, {**server, "nice": 0}) == "its nice is 5, above this process's 0"
+    assert "oom_score_adj" in fork_address.cannot_serve({**server, "oom_score_adj": 1000}, server)
     versions = fork_address.library_versions()
     assert versions["coremltools"] and versions["torch"] and versions["transformers"]
 

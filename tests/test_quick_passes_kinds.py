@@ -8,8 +8,9 @@ own pipelines save, byte for byte (``Model.proto`` and every weight file), for e
 The default suite runs :data:`DEFAULT_KINDS`, one package that combines every kind but the families (decode+prefill,
 KV as inputs, palettes of 4-channel blocks for the FFN, int8 attention, an untied pal4 embedding and pal6 head) and
 one other family's plain decode (~17 s of CPU); ``QFOLD_MATRIX=1`` runs every kind on its own and every preset
-(29 packages twice: 143 s of CPU, all byte-identical on coremltools 9.0, 2026-12-06). Also here: the shortcuts are off, with one line, on a coremltools they were not proven on, and installing them
-is safe when two threads' conversions overlap."""
+(29 packages twice: 143 s of CPU, all byte-identical on coremltools 9.0, 2026-12-06). Also here: the shortcuts are
+off, with one line, on a coremltools they were not proven on, and installing them is safe when two threads'
+conversions overlap."""
 
 from __future__ import annotations
 

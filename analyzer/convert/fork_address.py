@@ -7,12 +7,15 @@ would have started itself. The socket's name holds the user's id and a hash of w
   hash, so a server started before an edit or an upgrade is never asked again) and the versions of the libraries
   the child imports (:data:`VERSIONED`: coremltools, torch, transformers, numpy, Core AI);
 * the import-time environment (:func:`import_time_env`);
-* what a process inherits and cannot raise again (:func:`fixed_limits`): the hard resource limits, the nice value,
-  the cgroup, the group ids, the OOM score adjustment.
+* what a forked child can never change: the cgroup and the group ids (:func:`fixed_limits`).
 
 What a child can take on by itself is sent with each request and applied after the fork (:func:`own_limits`): the
-soft resource limits (a CPU-time limit counts from the fork: a forked process's CPU counters start at zero), the CPU
-affinity and the umask; the child also takes the requester's working directory and environment.
+soft and hard resource limits (a CPU-time limit counts from the fork: a forked process's CPU counters start at
+zero), the nice value, the OOM score adjustment, the CPU affinity and the umask; the child also takes the
+requester's working directory and environment. A child can lower a hard limit and raise its nice value or OOM
+adjustment, never the reverse, so a requester uses a server only when the server's :func:`bounds` allow its own
+(:func:`cannot_serve`), else it starts a server of its own: a Ray worker (nice 19, OOM adjustment 1000) forks its
+builds from its driver's server; a driver never from its workers'.
 
 Abstract names need no file to clean up and vanish with the server, but anyone may bind one first. Each side checks
 the other: the server serves a peer of its own user only (``SO_PEERCRED``); a requester talks to a server only when
@@ -121,42 +124,68 @@ def _stat_or_none(path: str) -> os.stat_result | None:
 
 # ------------------------------------------------------------------------------------------------ the limits
 def fixed_limits() -> dict[str, object]:
-    """What a forked child inherits from the server and could not set back to the requester's: the hard resource
-    limits (raising one needs privileges), the nice value (lowering it does), the cgroup (moving needs write access
-    to it), the group ids and the OOM score adjustment. Nice and affinity are per thread on Linux: this is the
-    calling thread's, which is what a server it starts inherits."""
-    return {
-        "hard": {name: resource.getrlimit(r)[1] for name, r in RLIMITS.items()},
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "cgroup": _read("/proc/self/cgroup"),
-        "gid": os.getgid(), "groups": sorted(os.getgroups()),
-        "oom_score_adj": _read("/proc/self/oom_score_adj").strip(),
-    }
+    """What a forked child inherits from the server and can never change back (part of the address): the cgroup
+    (moving needs write access to it) and the group ids."""
+    return {"cgroup": _read("/proc/self/cgroup"), "gid": os.getgid(), "groups": sorted(os.getgroups())}
+
+
+def bounds(pid: int = 0) -> dict[str, object]:
+    """What a child can move in one direction only, of process ``pid`` (0: this one; another one of this user):
+    the hard resource limits (lowered, never raised, without privileges), the nice value and the OOM score
+    adjustment (raised, never lowered). Nice is per thread on Linux: this is the calling thread's, which is what a
+    server it starts inherits."""
+    return {"hard": {name: resource.prlimit(pid, r)[1] if pid else resource.getrlimit(r)[1]
+                     for name, r in RLIMITS.items()},
+            "nice": os.getpriority(os.PRIO_PROCESS, pid),
+            "oom_score_adj": int(_read(f"/proc/{pid or 'self'}/oom_score_adj").strip() or 0)}
+
+
+def cannot_serve(server: dict, requester: dict) -> str | None:
+    """Why a server with :func:`bounds` ``server`` cannot fork a child with ``requester``'s (a hard limit below the
+    requester's, a nice value or an OOM adjustment above it), else None."""
+    for name, hard in requester["hard"].items():
+        if _limit_key(server["hard"].get(name, resource.RLIM_INFINITY)) < _limit_key(hard):
+            return f"its hard {name} is {server['hard'][name]}, below this process's {hard}"
+    for what in ("nice", "oom_score_adj"):
+        if server[what] > requester[what]:
+            return f"its {what} is {server[what]}, above this process's {requester[what]}"
+    return None
+
+
+def _limit_key(value: int) -> float:
+    return float("inf") if value == resource.RLIM_INFINITY else value
 
 
 def own_limits() -> dict[str, object]:
     """What a forked child takes on from its requester (sent with each request, applied by :func:`apply_limits`):
-    the soft resource limits, the CPU affinity and the umask."""
-    return {"soft": {name: resource.getrlimit(r)[0] for name, r in RLIMITS.items()},
+    the soft and hard resource limits, the nice value, the OOM score adjustment, the CPU affinity and the umask."""
+    return {"soft": {name: resource.getrlimit(r)[0] for name, r in RLIMITS.items()}, **bounds(),
             "affinity": sorted(os.sched_getaffinity(0)), "umask": _umask()}
 
 
 def apply_limits(limits: dict) -> None:
-    """In a forked child: take on the requester's :func:`own_limits`. The hard limits are the requester's already
-    (part of the server's address), so every soft limit fits under them."""
+    """In a forked child: take on the requester's :func:`own_limits` (the requester checked that the server's
+    :func:`bounds` allow it: :func:`cannot_serve`)."""
     for name, soft in limits["soft"].items():
-        r = RLIMITS[name]
-        resource.setrlimit(r, (soft, resource.getrlimit(r)[1]))
+        resource.setrlimit(RLIMITS[name], (soft, limits["hard"][name]))
+    if limits["nice"] != os.getpriority(os.PRIO_PROCESS, 0):
+        os.setpriority(os.PRIO_PROCESS, 0, limits["nice"])
+    if int(_read("/proc/self/oom_score_adj").strip() or 0) != limits["oom_score_adj"]:
+        Path("/proc/self/oom_score_adj").write_text(str(limits["oom_score_adj"]))
     os.sched_setaffinity(0, limits["affinity"])
     os.umask(limits["umask"])
 
 
 def check_limits(limits: object) -> bool:
     """Whether ``limits`` (from a request) has :func:`own_limits`' shape, with names this system knows."""
-    return (isinstance(limits, dict) and isinstance(limits.get("soft"), dict)
-            and set(limits["soft"]) <= set(RLIMITS) and all(isinstance(v, int) for v in limits["soft"].values())
-            and isinstance(limits.get("affinity"), list) and limits["affinity"]
-            and all(isinstance(c, int) for c in limits["affinity"]) and isinstance(limits.get("umask"), int))
+    if not isinstance(limits, dict):
+        return False
+    soft, hard = limits.get("soft"), limits.get("hard")
+    return (isinstance(soft, dict) and isinstance(hard, dict) and set(soft) == set(hard) <= set(RLIMITS)
+            and all(isinstance(v, int) for v in (*soft.values(), *hard.values()))
+            and all(isinstance(limits.get(k), int) for k in ("nice", "oom_score_adj", "umask"))
+            and isinstance(limits.get("affinity"), list) and bool(limits["affinity"])
+            and all(isinstance(c, int) for c in limits["affinity"]))
 
 
 def _umask() -> int:

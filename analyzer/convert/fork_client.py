@@ -10,12 +10,15 @@ What a forked child shares with the server, and what it does not:
 
 * shared: the interpreter and every module the server imported (so the server's address names qfold's source
   digest and the versions of the libraries it imports: after an edit or an upgrade the next request gets a new
-  server), the import-time environment, the hard resource limits, the nice value, the cgroup and the group ids
-  (all part of the address: a requester whose values differ gets a server of its own);
-* not shared, its requester's: the soft resource limits (a CPU-time limit counts the child's own CPU from zero),
-  the CPU affinity, the umask, the working directory, the environment (``QFOLD_*``, ``PYTEST_*`` and Ray's notes
-  may differ from the server's), stdin (``/dev/null``) and stdout/stderr (a pipe the requester reads); and its own
-  session, so killing its process group stops it and everything it starts.
+  server), the import-time environment, the cgroup and the group ids (all part of the address: a requester whose
+  values differ gets a server of its own);
+* not shared, its requester's: the resource limits, soft and hard (a CPU-time limit counts the child's own CPU from
+  zero), the nice value, the OOM score adjustment, the CPU affinity, the umask, the working directory, the
+  environment (``QFOLD_*``, ``PYTEST_*`` and Ray's notes may differ from the server's), stdin (``/dev/null``) and
+  stdout/stderr (a pipe the requester reads); and its own session, so killing its process group stops it and
+  everything it starts. A child can only lower a hard limit and raise its nice value and OOM adjustment, so a
+  requester uses a running server only when the server's are not tighter than its own
+  (``fork_address.cannot_serve``), else it starts one of its own.
 
 The child is what ``subprocess.Popen`` would have started, with the part of its interface the launcher uses
 (:class:`ForkedChild`). The server exits when the process that started it does (its stdin is that process's pipe)
@@ -46,7 +49,15 @@ import time
 from pathlib import Path
 from typing import IO
 
-from analyzer.convert.fork_address import ServerRefused, connect, own_limits, server_address, start_time
+from analyzer.convert.fork_address import (
+    ServerRefused,
+    bounds,
+    cannot_serve,
+    connect,
+    own_limits,
+    server_address,
+    start_time,
+)
 from analyzer.convert.fork_server import MAX_MESSAGE, PRELOAD, READY
 
 # How long a server may take to print READY: its imports, 6-10 s of CPU on an idle 2-core machine
@@ -123,7 +134,7 @@ class _Server:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, env=env, cwd=cwd,
             pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
-        self.control = ours
+        self.control, self.pid = ours, self.proc.pid
         self.why_not = self._wait_ready(STARTUP_TIMEOUT_S)
         self.ready = self.why_not is None
         if not self.ready:
@@ -193,8 +204,8 @@ class _Shared(_Server):
     ``fork_address.connect``; closing it closes only the connection. ``proc`` is None: the process that started
     the server reaps it."""
 
-    def __init__(self, env: dict[str, str], address: bytes, control: socket.socket):
-        self.env, self.address, self.control, self.proc, self.ready = env, address, control, None, True
+    def __init__(self, env: dict[str, str], address: bytes, control: socket.socket, pid: int):
+        self.env, self.address, self.control, self.proc, self.ready, self.pid = env, address, control, None, True, pid
 
     def alive(self) -> bool:
         return self.control.fileno() >= 0
@@ -203,15 +214,27 @@ class _Shared(_Server):
         self.control.close()
 
 
-def _connect(env: dict[str, str], address: bytes) -> _Shared | None:
+def _connect(env: dict[str, str], address: bytes, mine: dict) -> _Shared | None:
     """A connection to the running server at ``address``, if one of this user's listens there (anything else
-    listening is refused, one line)."""
+    listening is refused, one line) and its limits can reach this process's (``fork_address.cannot_serve``)."""
     try:
         got = connect(address)
     except ServerRefused as e:
         _warn(f"{e}: not used; this process starts a fork server of its own")
         return None
-    return None if got is None else _Shared(env, address, got[0])
+    if got is None:
+        return None
+    if _cannot_serve(got[1], mine):  # e.g. this process runs at a lower nice value: a server of its own
+        got[0].close()
+        return None
+    return _Shared(env, address, *got)
+
+
+def _cannot_serve(pid: int, mine: dict) -> str | None:
+    try:
+        return cannot_serve(bounds(pid), mine)
+    except OSError as e:  # gone
+        return str(e)
 
 
 _SERVER: _Server | None = None
@@ -258,14 +281,15 @@ def start_child(cmd: list[str], env: dict[str, str], cwd: str | Path):
     global _SERVER
     module = cmd[2] if len(cmd) > 2 and cmd[:2] == [sys.executable, "-m"] else None
     if sys.platform.startswith("linux") and module in PRELOAD:
-        address = server_address(env)  # this process's code, libraries and limits as they are now
+        address, mine = server_address(env), bounds()  # this process's code, libraries and limits as they are now
         with _SERVER_LOCK:
             for _ in range(2):  # a server that went idle between our check and the request: start another
-                if _SERVER is None or not _SERVER.alive() or _SERVER.address != address:
+                if _SERVER is None or not _SERVER.alive() or _SERVER.address != address or \
+                        _cannot_serve(_SERVER.pid, mine):
                     _retire_server()
                     if address in _FAILED:
                         break
-                    _SERVER = _connect(env, address) or _Server(env, str(cwd), address)
+                    _SERVER = _connect(env, address, mine) or _Server(env, str(cwd), address)
                 if not _SERVER.ready:
                     _warn(f"the fork server did not start ({_SERVER.why_not}); children start as new processes")
                     _FAILED.add(address)
