@@ -7,9 +7,10 @@ control socket (the process that started it) and, when it got the name, on the a
 (:mod:`analyzer.convert.fork_address`) for other processes of the same user. A forked child
 
 * starts a session of its own (so killing its process group stops it and everything it starts);
-* takes on the request's soft resource limits, CPU affinity and umask (the server's address holds the rest of the
-  requester's limits), its working directory and its environment; stdin is ``/dev/null``, stdout and stderr the
-  write end of a pipe the requester reads;
+* takes on the request's resource limits (soft and hard), nice value, OOM score adjustment, CPU affinity and umask
+  (``fork_address.apply_limits``: the requester checked that this server's children can reach them), its working
+  directory and its environment; stdin is ``/dev/null``, stdout and stderr the write end of a pipe the requester
+  reads;
 * runs its module as ``__main__`` with ``sys.argv`` as ``python -m`` sets it, and ends through the interpreter's
   own shutdown; its exit status is sent to the requester, which is not its parent.
 
