@@ -376,3 +376,18 @@ def test_no_thread_is_alive_when_a_conversion_child_forks_its_workers(tmp_path):
     assert "converting qfold in 1 worker process(es) beside this one" in run.stdout
     records = [json.loads(line) for line in forks.read_text().splitlines()]
     assert records and all(r["threads"] == ["MainThread"] for r in records), records
+
+
+def test_a_server_from_other_code_than_the_requester_s_is_given_up(tmp_path, capfd):
+    """A requester that imported qfold before an edit starts a server from the code on disk: their protocols may
+    differ, so the server says its own in its first line and the requester gives it up when it is not its own."""
+    env, cwd = _fake_server(tmp_path, "import sys, time\nprint('ready 0123456789abcdef', flush=True)\n"
+                                      "time.sleep(600)\n")
+    capfd.readouterr()
+    child = start_child([sys.executable, "-m", "analyzer.convert.child", "--help"], env, cwd)
+    said = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("qfold: ")]
+    assert not isinstance(child, ForkedChild)
+    child.kill()
+    child.wait()
+    assert said == ["qfold: the fork server did not start (its code is not this process's (qfold's fork server "
+                    "modules changed on disk since this process imported them)); children start as new processes"]

@@ -50,6 +50,11 @@ _NOT_IMPORT_TIME_NAMES = SHELL_BOOKKEEPING | RAY_OWN_NAMES
 VERSIONED = ("coremltools", "torch", "transformers", "numpy", "coreai-core", "coreai-torch")
 SERVER_MODULE = "analyzer.convert.fork_server"
 # Every resource limit this system has, once (RLIMIT_OFILE is RLIMIT_NOFILE's other name).
+# The protocol a requester and a server speak: these three modules as this process imported them. A requester
+# started before an edit (its code in memory) and a server started after it (the code on disk) would not understand
+# each other: the name holds it, and a server announces its own when it is ready.
+PROTOCOL = hashlib.sha256(b"".join((Path(__file__).parent / f"{m}.py").read_bytes()
+                                   for m in ("fork_address", "fork_client", "fork_server"))).hexdigest()[:16]
 RLIMITS = {name: r for r, name in {getattr(resource, n): n for n in sorted(dir(resource), reverse=True)
                                    if n.startswith("RLIMIT_")}.items()}
 
@@ -207,7 +212,7 @@ def _read(path: str) -> str:
 def server_address(env: dict[str, str]) -> bytes:
     """The abstract socket name of the server for ``env``, in this process as it is now (Linux). Computed per
     request: ~3 ms (bench/results/fork_server.json)."""
-    what = json.dumps([sys.executable, code_digest(), library_versions(), fixed_limits(),
+    what = json.dumps([sys.executable, PROTOCOL, code_digest(), library_versions(), fixed_limits(),
                        sorted(import_time_env(env).items())])
     return f"\0qfold-fork-server-{os.getuid()}-{hashlib.sha256(what.encode()).hexdigest()[:32]}".encode()
 

@@ -147,15 +147,19 @@ class _Server:
         fd, got, deadline = self.proc.stdout.fileno(), b"", time.monotonic() + timeout_s
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
-            while READY not in got.splitlines(keepends=True):  # (an import may print a line before it)
-                if not sel.select(max(0.0, deadline - time.monotonic())):
-                    return f"no {READY.strip().decode()!r} within {timeout_s:.0f} s (its imports)"
+            while not any(ln.startswith(b"ready ") and ln.endswith(b"\n") for ln in got.splitlines(keepends=True)):
+                if not sel.select(max(0.0, deadline - time.monotonic())):  # (an import may print a line first)
+                    return f"no 'ready' within {timeout_s:.0f} s (its imports)"
                 chunk = os.read(fd, 64)
                 if not chunk:
                     break
                 got += chunk
-        if READY in got.splitlines(keepends=True):
+        lines = got.splitlines(keepends=True)
+        if READY in lines:
             return None
+        if any(ln.startswith(b"ready ") for ln in lines):
+            return ("its code is not this process's (qfold's fork server modules changed on disk since this process "
+                    "imported them)")
         code = self.proc.wait()
         self.errors.seek(0)
         last = [ln.strip() for ln in self.errors.read().decode(errors="replace").splitlines() if ln.strip()]

@@ -37,12 +37,12 @@ import traceback
 import warnings
 
 from analyzer.convert import progress
-from analyzer.convert.fork_address import apply_limits, check_limits, listen, same_user, start_time
+from analyzer.convert.fork_address import PROTOCOL, apply_limits, check_limits, listen, same_user, start_time
 
 PRELOAD = ("analyzer.convert.child", "analyzer.fold.fold_child")  # what a child imports; all of it, once
 IDLE_S = 600.0
 MAX_MESSAGE = 1 << 20
-READY = b"ready\n"  # the server's first line: its imports are done
+READY = f"ready {PROTOCOL}\n".encode()  # the server's first line: its imports are done, and its protocol
 
 
 # ------------------------------------------------------------------------------------------------ the server
