@@ -211,7 +211,7 @@ def _read(path: str) -> str:
 # ------------------------------------------------------------------------------------------------ the address
 def server_address(env: dict[str, str]) -> bytes:
     """The abstract socket name of the server for ``env``, in this process as it is now (Linux). Computed per
-    request: ~3 ms (bench/results/fork_server.json)."""
+    request: ~1.5 ms, median (bench/results/fork_server.json)."""
     what = json.dumps([sys.executable, PROTOCOL, code_digest(), library_versions(), fixed_limits(),
                        sorted(import_time_env(env).items())])
     return f"\0qfold-fork-server-{os.getuid()}-{hashlib.sha256(what.encode()).hexdigest()[:32]}".encode()

@@ -60,8 +60,8 @@ from analyzer.convert.fork_address import (
 )
 from analyzer.convert.fork_server import MAX_MESSAGE, PRELOAD, READY
 
-# How long a server may take to print READY: its imports, 6-10 s of CPU on an idle 2-core machine
-# (bench/results/fork_server.json), given 20x for a machine shared by many (tests/test_fork_server.py).
+# How long a server may take to print READY: its imports, 3.8-4.8 s of CPU and 9.5-16 s of wall time on this
+# 2-core machine at load 8-12 (bench/results/fork_server.json), given ~10x for a machine shared by many.
 STARTUP_TIMEOUT_S = 180.0
 REPLY_TIMEOUT_S = 60.0  # for a server's answer to a request: one fork (milliseconds) after what it is doing
 EXIT_WAIT_S = 10.0  # how long a requester, as it exits, waits for its servers to end
