@@ -34,5 +34,10 @@ class CoreAIRuntimeError(QfoldError):
     """Apple's Core AI runtime (always run in a child process) crashed, or was given inputs it cannot take."""
 
 
+class UnsizedError(QfoldError):
+    """A figure qfold could not compute (a program not sized at its shapes, a copy without a size or a verdict)
+    where a complete one is required: ``--strict``, or a fit that needs the bytes per token."""
+
+
 class ShapeError(QfoldError):
     """A flexible input's shape is not given and has no default, or a ``--shape`` is outside its range."""

@@ -17,6 +17,7 @@ from analyzer.report import frames
 from analyzer.report import roofline_figures as rf
 from analyzer.report.assumptions import assumption_notes
 from analyzer.report.catalog import phase_sibling
+from analyzer.report.labels import sized_graph_bytes
 from analyzer.sweep.timing_report import device_model_report, report_text, table_from_analyses
 from app_pages import analyses, bandwidth_control, logs_state, phases, widgets
 
@@ -39,7 +40,9 @@ try:
 except QfoldError as e:
     widgets.error(e, "Cannot load a mapped analysis: ")
     st.stop()
-graph = {label: a.bytes_per_token.total for label, a in mapped.items()}
+graph, left_out = sized_graph_bytes(mapped)
+for line in left_out:  # an analysis that could not be sized gives no bytes per token to fit
+    st.warning(fmt.md_text(line), icon=":material/warning:")
 mapped_to = sorted({by_id[i].label for i in mapping.values() if i in by_id})
 source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)" if logs_state.using_example_log()
           else "this session's uploaded logs")

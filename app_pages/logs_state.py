@@ -27,7 +27,7 @@ from analyzer.report.catalog import (
     measured_pairs,
     phase_sibling,
 )
-from analyzer.report.labels import LabelMatch, log_label_matches
+from analyzer.report.labels import LabelMatch, log_label_matches, sized_graph_bytes
 from analyzer.report.report import BandwidthSection
 from app_pages.analyses import load, refs_by_id
 from app_pages.session_keys import Key
@@ -149,8 +149,9 @@ def ab_pair(refs: Sequence[AnalysisRef]) -> tuple[AnalysisRef, AnalysisRef] | No
 
 
 def graph_bytes(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> dict[str, int]:
-    """Build label → total graph bytes per token of the analysis it is mapped to."""
-    return {label: a.bytes_per_token.total for label, a in mapped_analyses(mapping, refs).items()}
+    """Build label → total graph bytes per token of the analysis it is mapped to (those that could be sized:
+    :func:`analyzer.report.labels.sized_graph_bytes`)."""
+    return sized_graph_bytes(mapped_analyses(mapping, refs))[0]
 
 
 def graph_assumptions(mapping: dict[str, str | None], refs: Sequence[AnalysisRef]) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ def v1_doc() -> dict:
 
 def test_v1_fixture_is_small_and_of_the_previous_schema(v1_doc):
     assert V1.stat().st_size < 200_000
-    assert v1_doc["schema_version"] == 1 == SCHEMA_VERSION - 1
+    assert v1_doc["schema_version"] == 1 == SCHEMA_VERSION - 2
     assert all(len(op) == 9 for op in v1_doc["program"]["ops"])  # no parent field yet
 
 
@@ -43,9 +43,10 @@ def test_v1_is_migrated_to_the_figures_it_was_stored_with(v1_doc):
     summary = a.summary.to_json()
     added = ("op_type", "reason", "reps", "reps_from")  # issue #37: what each copy is and why, derived again
     assert {**summary, "tiles": [{k: v for k, v in t.items() if k not in added} for t in summary["tiles"]]} == \
-        v1_doc["summary"]
+        {**v1_doc["summary"], "unsized_copies": 0}  # unsized_copies: a count schema 3 added
     assert [(t["op_type"], t["reps_from"]) for t in summary["tiles"]] == [("tile", "constant")] * 4
     assert all(t["reason"].startswith("copies whole K/V heads for attention") for t in summary["tiles"])
+    assert a.sizing.sized and a.program.sizing_error is None
     assert a.bytes_per_token.to_json() == v1_doc["bytes"]["bytes_per_token"]
     assert [r.to_json() for r in a.bytes_by_layer] == v1_doc["bytes"]["bytes_by_layer"]
     # every figure stored then is read back the same; rows now also say how a weight is stored (granularity,
@@ -99,7 +100,7 @@ def test_a_package_analysis_has_no_build(v1_doc):
     doc = {k: v for k, v in v1_doc.items() if k in ("schema_version", "program")}
     a = analysis_from_json(doc, "package.json")
     assert a.build is None and a.variant is None
-    assert list(a.to_json()) == ["schema_version", "summary", "bytes", "program"]
+    assert list(a.to_json()) == ["schema_version", "summary", "bytes", "sizing", "program"]
 
 
 def _mutate(doc: dict, path: tuple, value) -> dict:
@@ -118,8 +119,8 @@ _DELETE = object()
 
 
 @pytest.mark.parametrize(("path", "value", "fragment"), [
-    (("schema_version",), 3, "schema_version: schema version 3 (written by a newer qfold)"),
-    (("schema_version",), 0, "schema_version: schema version 0; this qfold reads versions 1, 2"),
+    (("schema_version",), 4, "schema_version: schema version 4 (written by a newer qfold)"),
+    (("schema_version",), 0, "schema_version: schema version 0; this qfold reads versions 1, 2, 3"),
     (("schema_version",), "2", "schema_version: expected an integer, got a string"),
     (("schema_version",), _DELETE, "no schema_version"),
     (("program",), _DELETE, "field program: missing"),

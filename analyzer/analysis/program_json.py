@@ -4,18 +4,26 @@ Compact because a full-size program has ~4,600 ops: a tensor is ``[name, shape, 
 ``[param, tensor, producer, is_const, stored_bytes]``, an op ``[type, name, layer, layer_from, inputs, outputs,
 const_bytes, tile_kind, const_zero, parent]`` (schema 2; schema 1 had no ``parent``), plus ``composite`` as an 11th
 field on the ops of a Core AI composite's inlined fallback body (rows without one are exactly as before).
+
+A flexible program that could not be sized stores why as ``sizing_error`` (schema 3). Schemas 1 and 2 wrote it
+inside each assumed shape's ``how`` (``"…; not sized: the interpreter cannot run it (REASON)"``): it is read back
+from there into ``sizing_error`` and the ``how`` is left as the shape rule alone.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from analyzer.analysis.shapes import sizing_error_text
 from analyzer.ir.coreai.dialect import kind_of
 from analyzer.ir.mil_records import AssumedShape, InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
 from analyzer.jsonfields import Field
 
 OP_FIELDS_V1 = 9
 OP_FIELDS = 10
+# How schemas 1 and 2 appended a sizing failure to an assumed shape's ``how``.
+_OLD_SIZING_NOTE = re.compile(r"^(?P<how>.*?); not sized: the interpreter cannot run it \((?P<why>.*)\)$", re.DOTALL)
 
 
 def _tensor_json(t: TensorInfo) -> list[Any]:
@@ -49,6 +57,8 @@ def _tensor(f: Field) -> TensorInfo:
 
 def program_to_json(program: MilProgram) -> dict[str, Any]:
     extra = {"assumed_shapes": [a.to_json() for a in program.assumed_shapes]} if program.assumed_shapes else {}
+    if program.sizing_error is not None:
+        extra["sizing_error"] = program.sizing_error
     return {**extra,
         "path": program.path,
         "function": program.function,
@@ -124,12 +134,27 @@ def _op(i: int, f: Field, n_fields: int) -> OpRecord:
 
 
 def program_from_json(f: Field, schema_version: int) -> MilProgram:
-    """The program of a stored analysis; ``schema_version`` 1 rows have no ``parent``."""
+    """The program of a stored analysis; ``schema_version`` 1 rows have no ``parent``, and schemas 1 and 2 keep
+    a sizing failure in the assumed shapes' ``how`` (see the module docstring)."""
     n_fields = OP_FIELDS_V1 if schema_version == 1 else OP_FIELDS
     ops = tuple(_op(i, op, n_fields) for i, op in enumerate(f["ops"].list()))
     assumed = f.get("assumed_shapes")
     shapes = tuple(AssumedShape(a["name"].str(), tuple(d.count() for d in a["shape"].list()), a["how"].str())
                    for a in (assumed.list() if assumed is not None else ()))
+    error_field = f.get("sizing_error")
+    sizing_error = None if error_field is None else error_field.opt_str()
+    if schema_version < 3:
+        shapes, sizing_error = _old_sizing_note(shapes)
     return MilProgram(f["path"].str(), f["function"].str(), f["opset"].str(), f["spec_version"].count(),
                       *(tuple(_tensor(t) for t in f[k].list()) for k in ("inputs", "states", "outputs")), ops,
-                      shapes)
+                      shapes, sizing_error)
+
+
+def _old_sizing_note(shapes: tuple[AssumedShape, ...]) -> tuple[tuple[AssumedShape, ...], str | None]:
+    """Schemas 1 and 2: the assumed shapes with their ``how`` as the shape rule alone, and the sizing failure
+    their notes carried (the same on every shape), as :func:`analyzer.analysis.shapes.size_program` words it now."""
+    matches = [_OLD_SIZING_NOTE.match(a.how) for a in shapes]
+    if not shapes or not all(matches):
+        return shapes, None
+    kept = tuple(AssumedShape(a.name, a.shape, m["how"]) for a, m in zip(shapes, matches, strict=True))  # type: ignore[index]
+    return kept, sizing_error_text(kept, matches[0]["why"])  # type: ignore[index]

@@ -8,16 +8,20 @@ produce.
 
 On disk (``analysis.json`` in a build folder; the shipped analyses; the Export page's download) it is JSON
 with a ``schema_version``:
-- **2** (this version) stores each op's ``parent`` (the op whose nested block holds it) and the op facts
-  (layer, tile kind) as the current walker derives them.
-- **1** (qfold 0.1.0 before the typed record) is migrated on load: ops get no parent (the old walker
-  flattened nested blocks), and each op's layer and tile kind are derived again by the current walker code
+- **3** (this version) stores, beside each op's ``parent`` and the op facts, why a flexible program could not be
+  sized at its assumed shapes (the program's ``sizing_error``; ``analyzer.analysis.sizing``).
+- **2** is migrated on load: the sizing failure it kept inside the assumed shapes' ``how`` becomes
+  ``sizing_error`` (``analyzer.analysis.program_json``), and the op facts are derived again (a copy the
+  classifier has no verdict on is now ``unclassified``, not ``other``). The shipped analyses are schema 2 files:
+  migrated on every load, never rewritten (full-size conversions regenerate them: ``make shipped``).
+- **1** (qfold 0.1.0 before the typed record) is migrated on load as 2 is, and its ops get no parent (the old
+  walker flattened nested blocks); each op's layer and tile kind are derived again by the current walker code
   (:func:`analyzer.ir.opfacts.derive_op_facts`). Constant-zero flags are kept: they were read from weight
   data that an analysis does not hold.
 - anything else is refused, naming the file and the version.
 
-The derived ``summary``, ``bytes`` and ``compression_report`` are written too, for readers of the file,
-and ignored on load.
+The derived ``summary``, ``bytes``, ``sizing`` and ``compression_report`` are written too, for readers of the
+file, and ignored on load.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from analyzer.analysis.compression import CompressionReport, compression_report
 from analyzer.analysis.flops import FlopAccount, count_flops
 from analyzer.analysis.program_json import program_from_json, program_to_json
 from analyzer.analysis.shapes import check_static_shapes, read_sized
+from analyzer.analysis.sizing import Sizing, sizing_of
 from analyzer.analysis.summary import ProgramSummary
 from analyzer.errors import AnalysisFileError
 from analyzer.fsio import read_json, write_json_atomic
@@ -53,11 +58,11 @@ from analyzer.ir.opfacts import derive_op_facts
 from analyzer.ir.phase import CallShape, call_shape
 from analyzer.jsonfields import Field
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 ANALYSIS_FILE = "analysis.json"
 # Keys of the document the analysis itself owns (the rest are the build's, or kept as extra).
-_OWN_KEYS = ("schema_version", "compression_report", "summary", "bytes", "program")
+_OWN_KEYS = ("schema_version", "compression_report", "summary", "bytes", "sizing", "program")
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,11 @@ class Analysis:
     @cached_property
     def account(self) -> ByteAccount:
         return account(self.program, self.weight_charge)
+
+    @cached_property
+    def sizing(self) -> Sizing:
+        """Whether every figure could be computed, and if not, why (``analyzer.analysis.sizing``)."""
+        return sizing_of(self.program, self.summary, self.account.unsized)
 
     @cached_property
     def compression(self) -> CompressionReport:
@@ -112,13 +122,14 @@ class Analysis:
         return self if weight_charge == self.weight_charge else replace(self, weight_charge=weight_charge)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``analysis.json`` document (schema 2)."""
+        """The ``analysis.json`` document (schema 3)."""
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
         if self.build is not None:
             doc.update(self.build.to_json())
             doc["compression_report"] = self.compression.to_json()
         doc["summary"] = self.summary.to_json()
         doc["bytes"] = self.account.to_json()
+        doc["sizing"] = self.sizing.to_json()
         doc["program"] = program_to_json(self.program)
         if self.build is not None:
             doc.update({k: v for k, v in self.build.extra.items() if k not in doc})
@@ -126,7 +137,7 @@ class Analysis:
 
 
 def analysis_from_json(doc: Any, where: str, weight_charge: WeightCharge = DEFAULT_WEIGHT_CHARGE) -> Analysis:
-    """A parsed ``analysis.json`` as a record, migrating schema 1; ``where`` names the file in errors."""
+    """A parsed ``analysis.json`` as a record, migrating schemas 1 and 2; ``where`` names the file in errors."""
     f = Field(doc, where)
     f.dict()
     version_field = f.get("schema_version")

@@ -91,10 +91,14 @@ def parse_shape_text(text: str) -> dict[str, tuple[int, ...]]:
     return parse_shape_args([t for t in re.split(r"[\s;]+", text.strip()) if t])
 
 
+def _dims(shape: tuple[int, ...]) -> str:
+    return ",".join(map(str, shape))
+
+
 def shapes_label(assumed: tuple[AssumedShape, ...]) -> str:
     """`` @ inputIds[1,1] causalMask[1,1,1,2048]``: the shapes a flexible program is analysed at, for a label
     (labels carry them); "" for a program of static shapes."""
-    return (" @ " + " ".join(f"{a.name}[{','.join(map(str, a.shape))}]" for a in assumed)) if assumed else ""
+    return (" @ " + " ".join(f"{a.name}[{_dims(a.shape)}]" for a in assumed)) if assumed else ""
 
 
 def input_ranges(path: str | Path, function: str | None = None) -> tuple[InputRange, ...]:
@@ -245,9 +249,15 @@ def read_sized(path: str | Path, function: str | None = None,
     return size_program(program, path, assumed) if assumed else program
 
 
+def sizing_error_text(assumed: tuple[AssumedShape, ...], why: str) -> str:
+    """Why a program could not be sized, as :attr:`MilProgram.sizing_error` words it: the shapes and the
+    interpreter's failure (which names the op and the cause)."""
+    return f"the MIL interpreter cannot run it at {' '.join(f'{a.name}[{_dims(a.shape)}]' for a in assumed)}: {why}"
+
+
 def size_program(program: MilProgram, path: str | Path, assumed: tuple[AssumedShape, ...]) -> MilProgram:
     """The records with every symbolic dimension at the size one interpreter run computes at ``assumed``; if the
-    program cannot be run, it stays unsized and each assumption says why."""
+    program cannot be run, it stays unsized and :attr:`MilProgram.sizing_error` says why (the op and the cause)."""
     shapes = {a.name: a.shape for a in assumed}
     try:
         interp = load_interpreter(path, program.function)
@@ -255,8 +265,7 @@ def size_program(program: MilProgram, path: str | Path, assumed: tuple[AssumedSh
                 for t in interp.inputs}
         values = interp.value_shapes(feed)
     except QfoldError as e:
-        note = f"; not sized: the interpreter cannot run it ({e})"
-        return replace(program, assumed_shapes=tuple(replace(a, how=a.how + note) for a in assumed))
+        return replace(program, assumed_shapes=assumed, sizing_error=sizing_error_text(assumed, str(e)))
     values.update(shapes)
 
     def sized(t: TensorInfo) -> TensorInfo:

@@ -8,7 +8,7 @@ from typing import Any
 
 from analyzer.ir.coreai.dialect import kind_of
 from analyzer.ir.mil_records import MilProgram, OpRecord
-from analyzer.ir.opfacts import CopyVerdict, copy_verdicts
+from analyzer.ir.opfacts import UNCLASSIFIED, CopyVerdict, copy_verdicts
 
 Shape = tuple[int | None, ...]
 
@@ -24,7 +24,7 @@ class TileRow:
     output_shape: Shape
     dtype: str
     output_bytes: int | None  # None when a dimension is symbolic (the byte account lists it as unsized)
-    kind: str | None  # "kv_replication" | "other"
+    kind: str | None  # "kv_replication" | "other" | "unclassified" (no verdict: analyzer.ir.opfacts)
     op_type: str = "tile"  # the op that copies: tile, gather, concat; Core AI's coreai.broadcast_in_dims, ...
     # inside a Core AI composite's fallback body (counted once per call): the composite's name; None elsewhere
     composite: str | None = None
@@ -39,6 +39,16 @@ class TileRow:
         return cls(op.name, op.layer, x.shape if x else None, out.shape, out.dtype, out.nbytes, op.tile_kind,
                    op.type, op.composite, verdict.reason if verdict else "", verdict.reps if verdict else None,
                    verdict.reps_from if verdict else None)
+
+    @property
+    def unsized(self) -> bool:
+        """Its bytes (a symbolic dimension) or its verdict (no kind) are unknown: an unsized copy
+        (``analyzer.analysis.sizing``)."""
+        return self.output_bytes is None or self.kind == UNCLASSIFIED
+
+    @property
+    def output_text(self) -> str:
+        return "[" + ",".join("?" if d is None else str(d) for d in self.output_shape) + "]"
 
     def to_json(self) -> dict[str, Any]:
         out = {"name": self.name, "layer": self.layer,
@@ -84,6 +94,11 @@ class ProgramSummary:
     def kv_replication_tiles(self) -> int:
         return sum(1 for t in self.tiles if t.kind == "kv_replication")
 
+    @property
+    def unsized_copies(self) -> int:
+        """Copy ops whose bytes or verdict are unknown (:attr:`TileRow.unsized`), counted beside the tiles."""
+        return sum(1 for t in self.tiles if t.unsized)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "total_ops": self.total_ops,
@@ -91,6 +106,7 @@ class ProgramSummary:
             "non_const_ops": self.non_const_ops,
             "op_counts": dict(self.op_counts),
             "tile_count": self.tile_count,
+            "unsized_copies": self.unsized_copies,
             "tile_output_bytes": self.tile_output_bytes,
             "kv_replication_tiles": self.kv_replication_tiles,
             "tiles": [t.to_json() for t in self.tiles],

@@ -4,10 +4,14 @@ command line becomes analyses."""
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Iterable
 
 from analyzer.analysis.byte_account import DEFAULT_WEIGHT_CHARGE, WEIGHT_CHARGES
 from analyzer.analysis.record import load_analyses, load_analysis
 from analyzer.analysis.shapes import check_names, parse_shape_args
+from analyzer.analysis.sizing import Sizing
+from analyzer.errors import UnsizedError
 
 
 class Parser(argparse.ArgumentParser):
@@ -62,3 +66,35 @@ def load_for_cli(path: str, args: argparse.Namespace):
     if args.function:
         return (load_analysis(path, args.function, args.weight_charge, shapes),)
     return load_analyses(path, args.weight_charge, shapes)
+
+
+def add_strict_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when a figure could not be computed: a flexible program the interpreter cannot size "
+                        "at its shapes, a copy op without a size or a verdict, a tensor without a size (each is a "
+                        "warning on stderr otherwise)")
+
+
+def warn_unsized(sides: Iterable[tuple[str, Sizing]]) -> list[str]:
+    """One ``warning:`` line on stderr per cause of each side (``where``: the path, the function) that could not
+    be sized; returns the sides that could not."""
+    unsized = []
+    for where, sizing in sides:
+        for reason in sizing.reasons:
+            print(f"warning: {where}: {reason}", file=sys.stderr)
+        if not sizing.sized:
+            unsized.append(where)
+    return unsized
+
+
+def check_strict(args: argparse.Namespace, unsized: list[str]) -> None:
+    """With ``--strict``, a side that could not be sized is an error (exit 1): scripts and CI never take a
+    figure that leaves something out for a complete one."""
+    if unsized and getattr(args, "strict", False):
+        raise UnsizedError(f"{'; '.join(unsized)}: could not be sized (the warnings above say why); --strict makes "
+                         "that an error")
+
+
+def where_of(path: str, function: str, several: bool) -> str:
+    """How a warning names an analysis: its path, and its function when the path has several."""
+    return f"{path} (function {function})" if several else str(path)

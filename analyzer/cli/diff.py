@@ -8,7 +8,15 @@ from typing import Any
 
 from analyzer import fmt
 from analyzer.analysis.record import Analysis
-from analyzer.cli.common import add_analysis_options, check_shape_names, load_for_cli
+from analyzer.cli.common import (
+    add_analysis_options,
+    add_strict_option,
+    check_shape_names,
+    check_strict,
+    load_for_cli,
+    warn_unsized,
+    where_of,
+)
 from analyzer.cli.placement import join_for_cli
 from analyzer.compare.diff import ABDiff, Change, diff_analyses
 from analyzer.compare.diff_reasons import explain
@@ -29,6 +37,7 @@ def add_parser(sub) -> None:
                    help="the function of side A's or B's plan to join (a bench profile: a target's label; default: "
                         "as `placement`)")
     add_analysis_options(p)
+    add_strict_option(p)
     p.set_defaults(func=cmd_diff)
 
 
@@ -83,7 +92,10 @@ def diff_json(d: ABDiff) -> dict[str, Any]:
         "op_counts": [{"type": r.type, "a": r.a, "b": r.b, "delta": r.delta} for r in d.op_counts],
         "tiles": {"a": [t.to_json() for t in d.tiles_a], "b": [t.to_json() for t in d.tiles_b]},
         "tile_count": _change(d.tile_count),
+        "unsized_copies": {"a": d.unsized_copies.a, "b": d.unsized_copies.b},  # beside tile_count
         "tile_bytes_removed": d.tile_bytes_removed,
+        "sized": {"a": d.sized_a, "b": d.sized_b},
+        "unsized_reason": {"a": d.unsized_reason_a, "b": d.unsized_reason_b},
         "bytes_per_token": {k: _change(c) for k, c in d.bytes_per_token.items()},
         "bytes_by_layer": [{"layer": r.layer, "a": r.a, "b": r.b, "delta": r.delta} for r in d.bytes_by_layer],
         "flops_per_token": {k: _change(c) for k, c in d.flops_per_token.items()},
@@ -105,12 +117,21 @@ def print_diff(d: ABDiff) -> None:
     t = d.total_ops
     print(f"ops: {t.a:,} → {t.b:,} ({t.delta:+,})")
     print(fmt.table([(r.type, r.a, r.b, r.delta) for r in d.op_count_deltas], ("op type", "A", "B", "delta")))
-    tc = d.tile_count
-    print(f"\ntiles: {tc.a} → {tc.b}; tile output removed: {fmt.bytes_both(d.tile_bytes_removed)}")
+    tc, uc = d.tile_count, d.unsized_copies
+    removed = ("could not be sized" if uc.a or uc.b else fmt.bytes_both(d.tile_bytes_removed))
+    print(f"\ntiles: {tc.a}{_unsized(uc.a)} → {tc.b}{_unsized(uc.b)}; tile output removed: {removed}")
+    unsized = [side for side, ok in (("A", d.sized_a), ("B", d.sized_b)) if not ok]
+    if unsized:
+        print(f"NOT SIZED: {' and '.join(unsized)} could not be sized; the figures below leave out what could not "
+              "be (the warnings on stderr say why)")
     print("\nbytes per call (a decode call is one token)")
     print(fmt.table([(k, c.a, c.b, c.delta) for k, c in d.bytes_per_token.items()], ("category", "A", "B", "delta")))
     print("\nFLOPs per token (per prompt token for a prefill call)")
     print(fmt.table([(k, c.a, c.b, c.delta) for k, c in d.flops_per_token.items()], ("category", "A", "B", "delta")))
+
+
+def _unsized(n: int) -> str:
+    return f" ({n} unsized)" if n else ""
 
 
 def cmd_diff(args) -> int:
@@ -123,6 +144,14 @@ def cmd_diff(args) -> int:
     for label, side in (("A", side_a), ("B", side_b)):
         for assumed in side[0].program.assumed_shapes:
             print(f"{label}: flexible input analysed at {assumed.text}", file=sys.stderr)
+    unsized = warn_unsized((f"{label} {where_of(path, x.function, len(side) > 1)}", x.sizing)
+                           for label, path, side in (("A", args.a, side_a), ("B", args.b, side_b)) for x in side)
+    _report(args, side_a, side_b, plans, plan_functions)
+    check_strict(args, unsized)
+    return 0
+
+
+def _report(args, side_a, side_b, plans, plan_functions) -> None:
     top = diff_analyses(side_a[0], side_b[0])
     placement = placement_section(plans, side_a[0], side_b[0], plan_functions) if plans else None
     several = len(side_a) > 1 or len(side_b) > 1
@@ -143,13 +172,13 @@ def cmd_diff(args) -> int:
             out["functions_only_in"] = {"a": [n for n in names_a if n not in common],
                                         "b": [n for n in names_b if n not in common]}
         print(json.dumps(out, allow_nan=False))
-        return 0
+        return
     if not several:
         print_diff(top)
         print_reasons(side_a[0], side_b[0])
         if placement is not None:
             print_placement(placement)
-        return 0
+        return
     print(f"A has {len(side_a)} function(s), B {len(side_b)}; functions of the same name are compared "
           "(--function NAME picks one)")
     for n in [n for n in names_a if n not in common] + [n for n in names_b if n not in common]:
@@ -163,4 +192,3 @@ def cmd_diff(args) -> int:
     if placement is not None:
         print(f"\n== placement of the default functions ({side_a[0].function} vs {side_b[0].function})")
         print_placement(placement)
-    return 0

@@ -171,6 +171,9 @@ def _load_build_bytes(spec: str, label: str, path: str) -> GraphSource:
         raise _ArgumentError(f"--build {spec!r}: a {analysis.call.phase} analysis ({analysis.call.tokens_per_call} "
                              "tokens per call); the bandwidth fit models decode steps: give a decode build, or the "
                              "decode function of a decode+prefill build")
+    if not analysis.sizing.sized:
+        raise _ArgumentError(f"--build {spec!r}: {path} could not be sized, so its bytes per token leave something "
+                             f"out ({analysis.sizing.unsized_reason}); the fit needs complete bytes per token")
     total = analysis.bytes_per_token.total
     if total <= 0:
         raise _ArgumentError(f"--build {spec!r}: the build reports {total!r} bytes/token, not an int > 0")

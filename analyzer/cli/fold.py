@@ -25,11 +25,12 @@ from pathlib import Path
 
 from analyzer import fmt
 from analyzer.analysis.shapes import check_names, check_static_shapes, input_ranges
-from analyzer.cli.common import add_shape_option, positive_int, shapes_of
+from analyzer.analysis.sizing import Sizing
+from analyzer.cli.common import add_shape_option, add_strict_option, check_strict, positive_int, shapes_of, warn_unsized
 from analyzer.engines.coreai.runtime import asset_in
 from analyzer.engines.interpret import load_roles
 from analyzer.errors import FoldError
-from analyzer.fold.cache import check_fold_output, copy_package, fold_cached
+from analyzer.fold.cache import check_fold_output, copy_package, fold_cached, nothing_folded
 from analyzer.fold.coreai.asset_fold import fold_asset
 from analyzer.fsio import check_disjoint
 from analyzer.ir.coreai.walk import read_asset
@@ -53,6 +54,7 @@ def add_parser(sub) -> None:
                         "qfold's own builds need none")
     p.add_argument("--no-proof", action="store_true", help="skip the proof")
     add_shape_option(p)
+    add_strict_option(p)
     p.add_argument("--builds-dir",
                    help="where the fold cache lives (<builds>/.folds; default $QFOLD_BUILDS or ./builds)")
     p.set_defaults(func=cmd_fold)
@@ -74,6 +76,7 @@ def cmd_fold(args) -> int:
     result = fold_cached(src, args.builds_dir, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
                          prove=not args.no_proof, shapes=shapes)
     check_disjoint(result.path, real_out, FoldError)  # never the cache entry itself
+    check_strict(args, _warn_unsized(str(src), result.record["report"]))  # before OUT is written
     copy_package(result.artifact, real_out)
     cache = {"key": result.key, "path": str(result.path), "reused": result.reused}
     return _report(args, _document(src, out, result.record["report"], result.record["proof"], cache))
@@ -90,7 +93,9 @@ def _fold_asset(args, asset: Path) -> int:
     check_disjoint(Path(args.input), Path(args.output), FoldError)  # a build folder given as IN is an input too
     report = fold_asset(asset, args.output, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
                         prove=not args.no_proof)
-    return _report(args, _document(asset, Path(args.output), report.to_json(), report.proof.to_json()))
+    doc = report.to_json()
+    check_strict(args, _warn_unsized(str(asset), doc))
+    return _report(args, _document(asset, Path(args.output), doc, report.proof.to_json()))
 
 
 def _document(src: Path, out: Path, report: dict, proof: dict, cache: dict | None = None) -> dict:
@@ -108,6 +113,14 @@ def _report(args, doc: dict) -> int:
     return 0
 
 
+def _warn_unsized(src: str, report: dict) -> list[str]:
+    """A warning per function of the report that could not be sized (its bytes before and after leave something
+    out); the functions that could not."""
+    functions = report["functions"]
+    return warn_unsized((f"{src} (function {f['function']})" if len(functions) > 1 else src,
+                         Sizing((f["unsized_reason"],) if not f["sized"] else (), ())) for f in functions)
+
+
 def _dims(shape) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
@@ -115,8 +128,7 @@ def _dims(shape) -> str:
 def _print(doc: dict) -> None:
     what = "replication ops (broadcast_in_dims/tile)" if doc.get("backend") == "coreai" else "tile ops"
     if not doc["changed"]:
-        print(f"{doc['input']}: nothing to fold ({doc['tiles_found']} {what}, none copies K/V for attention); "
-              f"{doc['output']} is a copy")
+        print(f"{doc['input']}: {nothing_folded(doc)}; {doc['output']} is a copy")
     else:
         print(f"{doc['input']}: {doc['tiles_found']} {what} found, {doc['tiles_folded']} folded, "
               f"{doc['tiles_left']} left")
@@ -129,7 +141,8 @@ def _print(doc: dict) -> None:
     for f in doc["functions"]:
         copies = "replication ops" if doc.get("backend") == "coreai" else "tiles"
         print(f"\nbytes per call (a decode call is one token), function {f['function']} (kv_replication {copies} "
-              f"{f['kv_replication_tiles_before']} → {f['kv_replication_tiles_after']})")
+              f"{f['kv_replication_tiles_before']} → {f['kv_replication_tiles_after']})"
+              + ("" if f["sized"] else " — NOT SIZED: leaves out what could not be sized (see the warnings)"))
         b, a = f["before"], f["after"]
         print(fmt.table([(k, b[k], a[k], a[k] - b[k], fmt.mib(a[k] - b[k])) for k in b],
                         ("category", "before", "after", "delta", "delta MiB")))

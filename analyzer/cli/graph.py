@@ -11,9 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analyzer.analysis.record import load_analyses, load_analysis
+from analyzer.analysis.record import Analysis, load_analyses, load_analysis
 from analyzer.analysis.shapes import shapes_label
-from analyzer.cli.common import add_shape_option, check_shape_names, shapes_of
+from analyzer.cli.common import (
+    add_shape_option,
+    add_strict_option,
+    check_shape_names,
+    check_strict,
+    shapes_of,
+    warn_unsized,
+)
 from analyzer.errors import QfoldError
 from analyzer.report import graphview as gv
 
@@ -35,20 +42,28 @@ def add_parser(sub) -> None:
                    help="the function to draw of a multi-function package or build (e.g. decode, prefill); required "
                         "when A or B has several")
     add_shape_option(p)
+    add_strict_option(p)
     p.set_defaults(func=cmd_graph)
 
 
-def one_program(path: str, function: str | None, shapes=None):
-    """The program to draw: ``function`` of ``path``, or its only function; several without ``--function`` is an
+def one_analysis(path: str, function: str | None, shapes=None) -> Analysis:
+    """The analysis to draw: ``function`` of ``path``, or its only function; several without ``--function`` is an
     error naming them (a multi-function package never silently shows only one). ``shapes``: flexible inputs."""
 
     if function is not None:
-        return load_analysis(path, function, shapes=shapes).program
+        return load_analysis(path, function, shapes=shapes)
     analyses = load_analyses(path, shapes=shapes)
     if len(analyses) > 1:
         names = ", ".join(a.function for a in analyses)
         raise QfoldError(f"{path}: {len(analyses)} functions ({names}); pick one with --function")
-    return analyses[0].program
+    return analyses[0]
+
+
+def _label(path: str, analysis: Analysis) -> str:
+    """The side's label in the picture: its name, the shapes it was analysed at, and "not sized" when it was not
+    (its sizes are then missing, never drawn as zero)."""
+    return (label_of(path) + shapes_label(analysis.program.assumed_shapes)
+            + ("" if analysis.sizing.sized else " (NOT SIZED)"))
 
 
 def label_of(path: str) -> str:
@@ -70,13 +85,15 @@ def cmd_graph(args) -> int:
                          f"write {out.with_suffix('.dot')} instead")
     layer = gv.parse_layer(args.layer)
     shapes = shapes_of(args)
-    program_a = one_program(args.a, args.function, shapes)
-    program_b = one_program(args.b, args.function, shapes) if args.b else None
+    a = one_analysis(args.a, args.function, shapes)
+    b = one_analysis(args.b, args.function, shapes) if args.b else None
+    program_a, program_b = a.program, (b.program if b is not None else None)
     check_shape_names(args, *(p for p in (program_a, program_b) if p is not None))
-    view = gv.layer_view(program_a, program_b, layer,
-                         label_a=label_of(args.a) + shapes_label(program_a.assumed_shapes),
-                         label_b=label_of(args.b) + shapes_label(program_b.assumed_shapes) if program_b else "B",
-                         collapse=not args.no_collapse)
+    unsized = warn_unsized((f"{label} {path}", x.sizing) for label, path, x in (("A", args.a, a), ("B", args.b, b))
+                           if x is not None)
+    check_strict(args, unsized)
+    view = gv.layer_view(program_a, program_b, layer, label_a=_label(args.a, a),
+                         label_b=_label(args.b, b) if b is not None else "B", collapse=not args.no_collapse)
     text = gv.render_view(view) if out.suffix.lower() == ".svg" else gv.view_dot(view)
     try:
         out.write_text(text, encoding="utf-8")

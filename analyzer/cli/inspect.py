@@ -9,7 +9,15 @@ from typing import Any
 from analyzer import fmt
 from analyzer.analysis.accounting import OP_COLUMNS
 from analyzer.analysis.record import Analysis
-from analyzer.cli.common import add_analysis_options, check_shape_names, load_for_cli
+from analyzer.cli.common import (
+    add_analysis_options,
+    add_strict_option,
+    check_shape_names,
+    check_strict,
+    load_for_cli,
+    warn_unsized,
+    where_of,
+)
 from analyzer.model.spec import ANALYSIS_MODE
 
 # Build fields inspect --json repeats, in this order (scripts read them).
@@ -23,6 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--ops", action="store_true", help="include the per-op byte table")
     p.add_argument("--csv", action="store_true", help="print the per-op byte table as CSV")
     add_analysis_options(p)
+    add_strict_option(p)
     p.set_defaults(func=cmd_inspect)
 
 
@@ -37,7 +46,10 @@ def inspect_json(analysis: Analysis, path: str, with_ops: bool = False) -> dict[
         "op_counts": dict(s.op_counts),
         "tiles": [t.to_json() for t in s.tiles],
         "tile_count": s.tile_count,
+        "unsized_copies": s.unsized_copies,  # copies without a size or a verdict (analyzer.analysis.sizing)
         "tile_output_bytes": s.tile_output_bytes,
+        "sized": analysis.sizing.sized,
+        "unsized_reason": analysis.sizing.unsized_reason,
         "bytes_per_token": acc.per_token().to_json(),
         "bytes_by_layer": acc.by_layer(),
         "unruled_op_types": list(acc.unruled_op_types),
@@ -52,6 +64,9 @@ def inspect_json(analysis: Analysis, path: str, with_ops: bool = False) -> dict[
     }
     if acc.unsized:
         out["unsized_tensors"] = [u.to_json() for u in acc.unsized]
+    if not analysis.sizing.sized:
+        out["unsized_reasons"] = list(analysis.sizing.reasons)
+        out["unsized_copy_ops"] = [c.to_json() for c in analysis.sizing.unsized_copies]
     if analysis.build is not None:
         build = analysis.build.to_json()
         out.update({k: build[k] for k in _BUILD_FIELDS})
@@ -87,7 +102,13 @@ def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
         print(f"build mode: {a.build.build_mode} ({made})")
     print(fmt.table([(t, n) for t, n in s.op_counts.items()], ("op type", "count")))
     what = "tile ops" if backend == "coreml" else "copy ops (coreai.tile, broadcast_in_dims, broadcast_to)"
-    print(f"\n{s.tile_count} {what}, {fmt.bytes_both(s.tile_output_bytes)} of output")
+    unsized = f" ({s.unsized_copies} unsized: no size or no verdict)" if s.unsized_copies else ""
+    sized_copies = s.tile_count - s.unsized_copies
+    output = (f"{fmt.bytes_both(s.tile_output_bytes)} of output" if not s.unsized_copies else
+              "output could not be sized" + (f" ({fmt.bytes_both(s.tile_output_bytes)} from the {sized_copies} "
+                                             "sized)" if sized_copies else ""))
+    print(f"\n{s.tile_count} {what}{unsized}, {output}")
+    incomplete = "" if a.sizing.sized else " — NOT SIZED: leaves out what could not be sized (see the warnings)"
     if s.tiles:
         print(fmt.table([(t.layer, t.name, str(t.to_json()["input_shape"]), str(list(t.output_shape)), t.dtype,
                           t.output_bytes, t.kind + (f" (in {t.composite}, per call)" if t.composite else ""))
@@ -96,10 +117,11 @@ def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
     b = acc.per_token().to_json()
     call = a.call
     per = "decode token" if call.phase == "decode" else f"call ({call.tokens_per_call} prompt tokens)"
-    print(f"\nbytes per {per} (weight charge: {acc.weight_charge})")
+    print(f"\nbytes per {per} (weight charge: {acc.weight_charge}){incomplete}")
     print(fmt.table([(k, b[k], fmt.mib(b[k])) for k in b], ("category", "bytes", "MiB")))
     fc, ft = a.flops.per_call().to_json(), a.flops.per_token().to_json()
-    print(f"\nFLOPs per call and {call.per_token_label} (a multiply-add = 2; conventions: analyzer/analysis/flops.py)")
+    print(f"\nFLOPs per call and {call.per_token_label} (a multiply-add = 2; conventions: analyzer/analysis/flops.py)"
+          + incomplete)
     print(fmt.table([(k, fc[k], ft[k]) for k in fc], ("category", "per call", "per token")))
     if a.flops.unruled_op_types:
         print(f"op types with no FLOP rule (counted 0): {', '.join(a.flops.unruled_op_types)}")
@@ -119,14 +141,22 @@ def print_analysis(a: Analysis, path: str, with_ops: bool) -> None:
 def cmd_inspect(args) -> int:
     analyses = load_for_cli(args.path, args)
     check_shape_names(args, *(a.program for a in analyses))
+    several = len(analyses) > 1
+    unsized = warn_unsized((where_of(args.path, a.function, several), a.sizing) for a in analyses)
+    _report(args, analyses)
+    check_strict(args, unsized)
+    return 0
+
+
+def _report(args, analyses: tuple[Analysis, ...]) -> None:
     if args.csv:  # several functions: one table with a leading function column
         several = len(analyses) > 1
         rows = [{"function": a.function, **r} if several else r for a in analyses for r in a.account.op_rows()]
         sys.stdout.write(fmt.to_csv(rows, ("function", *OP_COLUMNS) if several else OP_COLUMNS))
-        return 0
+        return
     if args.json:
         print(json.dumps(inspect_document(args.path, analyses, args.ops), allow_nan=False))
-        return 0
+        return
     if len(analyses) > 1:
         print(f"{args.path}: {len(analyses)} functions ({', '.join(a.function for a in analyses)}); "
               "each is reported on its own (--function NAME picks one)\n")
@@ -134,4 +164,3 @@ def cmd_inspect(args) -> int:
         if len(analyses) > 1:
             print(("\n" if i else "") + f"== function {a.function}")
         print_analysis(a, args.path, args.ops)
-    return 0

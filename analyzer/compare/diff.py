@@ -64,6 +64,22 @@ class ABDiff:
     bytes_by_layer: tuple[LayerChange, ...]
     flops_per_token: dict[str, Change] = field(default_factory=dict)  # FLOP_KEYS → change (per prompt token
     flops_per_call: dict[str, Change] = field(default_factory=dict)  # for a prefill; never mutated)
+    # why A or B could not be sized (analyzer.analysis.sizing); None: that side's figures are complete
+    unsized_reason_a: str | None = None
+    unsized_reason_b: str | None = None
+
+    @property
+    def sized_a(self) -> bool:
+        return self.unsized_reason_a is None
+
+    @property
+    def sized_b(self) -> bool:
+        return self.unsized_reason_b is None
+
+    @property
+    def unsized_copies(self) -> Change:
+        """Copies without a size or a verdict on each side, beside :attr:`tile_count`."""
+        return Change(sum(t.unsized for t in self.tiles_a), sum(t.unsized for t in self.tiles_b))
 
     @property
     def op_count_deltas(self) -> tuple[OpCountChange, ...]:
@@ -97,6 +113,8 @@ def diff_analyses(a: Analysis, b: Analysis) -> ABDiff:
         bytes_by_layer=tuple(LayerChange(x, layers_a.get(x, 0), layers_b.get(x, 0)) for x in layers),
         flops_per_token=_flop_changes(a.flops.per_token(), b.flops.per_token()),
         flops_per_call=_flop_changes(a.flops.per_call(), b.flops.per_call()),
+        unsized_reason_a=a.sizing.unsized_reason,
+        unsized_reason_b=b.sizing.unsized_reason,
     )
 
 
@@ -110,6 +128,8 @@ def figure_differences(a: Analysis, b: Analysis) -> tuple[str, ...]:
     memory, versions) is not compared."""
     out: list[str] = []
     d = diff_analyses(a, b)
+    if d.unsized_reason_a != d.unsized_reason_b:
+        out.append(f"sizing: {d.unsized_reason_a or 'sized'} → {d.unsized_reason_b or 'sized'}")
     out += [f"op count {r.type}: {r.a} → {r.b}" for r in d.op_count_deltas]
     if d.tiles_a != d.tiles_b:
         changed = [(x, y) for x, y in zip(d.tiles_a, d.tiles_b, strict=False) if x != y]

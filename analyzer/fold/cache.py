@@ -76,13 +76,24 @@ class FoldResult:
         """One line for the UI: copies (MIL tiles or Core AI replication ops), bytes per token of the first
         function, and the proof."""
         r = self.record["report"]
-        ops = "replication ops" if r.get("backend") == "coreai" else "tile ops"
         if not r["changed"]:
-            return f"nothing to fold: {r['tiles_found']} {ops}, none copies K/V for attention"
+            return nothing_folded(r)
+        ops = "replication ops" if r.get("backend") == "coreai" else "tile ops"
         f = r["functions"][0]
         before, after = f["before"]["total"], f["after"]["total"]
         return (f"{r['tiles_folded']} of {r['tiles_found']} {ops} folded; bytes per token "
                 f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: {self.proof_headline}")
+
+
+def nothing_folded(report: dict[str, Any]) -> str:
+    """What a report that folded nothing says: no copy of K/V for attention, or, when a function could not be
+    sized, that whether its copies are KV replication is unknown (never "none" for what was not decided)."""
+    ops = "replication ops" if report.get("backend") == "coreai" else "tile ops"
+    unsized = [f["function"] for f in report["functions"] if not f.get("sized", True)]
+    if unsized:
+        return (f"nothing folded: {report['tiles_found']} {ops}; whether they copy K/V for attention is unknown "
+                f"(function {', '.join(unsized)} could not be sized)")
+    return f"nothing to fold: {report['tiles_found']} {ops}, none copies K/V for attention"
 
 
 def fold_key(digest: str) -> str:
@@ -225,10 +236,17 @@ def _verified_entry(folder: Path) -> dict[str, Any] | None:
         artifact = folder / (ASSET_NAME if isinstance(record, dict) and record.get("backend") == "coreai"
                              else PACKAGE_NAME)
         ok = isinstance(record, dict) and isinstance(record.get("report"), dict) and \
-            record.get("package_sha256") == _digest_of(artifact)
+            record.get("package_sha256") == _digest_of(artifact) and _says_sized(record["report"])
     except QfoldError:
         ok = False
     return record if ok else None
+
+
+def _says_sized(report: dict[str, Any]) -> bool:
+    """Whether every function row of a cached report says if it was sized (an entry made before qfold said so is
+    folded again rather than handed out without it)."""
+    functions = report.get("functions")
+    return isinstance(functions, list) and all(isinstance(f, dict) and "sized" in f for f in functions)
 
 
 def copy_package(src: Path, dst: Path) -> None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from analyzer.analysis.record import Analysis
+from analyzer.ir.mil_records import MilProgram
+
 if TYPE_CHECKING:
     from analyzer.fold.proof import FoldProof
 
@@ -50,13 +53,24 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class FunctionBytes:
-    """One function's bytes per decode token by category (``analyzer.analysis.accounting``), before and after."""
+    """One function's bytes per decode token by category (``analyzer.analysis.accounting``), before and after;
+    ``sized`` False when either program could not be sized (``analyzer.analysis.sizing``: the figures then leave
+    something out, ``unsized_reason`` says what)."""
 
     function: str
     before: dict[str, int]
     after: dict[str, int]
     kv_replication_tiles_before: int
     kv_replication_tiles_after: int
+    sized: bool = True
+    unsized_reason: str | None = None
+
+    @classmethod
+    def of(cls, before: MilProgram, after: MilProgram) -> FunctionBytes:
+        a, b = Analysis(before), Analysis(after)
+        reason = a.sizing.unsized_reason or (None if b.sizing.sized else f"after the fold: {b.sizing.unsized_reason}")
+        return cls(before.function, a.account.totals(), b.account.totals(), a.summary.kv_replication_tiles,
+                   b.summary.kv_replication_tiles, reason is None, reason)
 
 
 @dataclass(frozen=True, slots=True)

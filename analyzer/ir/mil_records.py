@@ -120,6 +120,10 @@ class MilProgram:
     ops: tuple[OpRecord, ...]
     # a flexible program is analysed at one shape per flexible input: these (its tensors are sized at them)
     assumed_shapes: tuple[AssumedShape, ...] = ()
+    # why the program could not be sized at ``assumed_shapes`` (the interpreter's failure, naming the op and the
+    # cause); None when it was sized or has static shapes. Its symbolic tensors then keep no size
+    # (``analyzer.analysis.sizing`` says what that leaves uncounted)
+    sizing_error: str | None = None
 
     @property
     def total_ops(self) -> int:

@@ -112,11 +112,17 @@ def propagate_layers(ops) -> list[OpRecord]:
     return out
 
 
+# A copy's kind (OpRecord.tile_kind): KV replication for attention, anything else, or no verdict (the classifier
+# could not read or evaluate its chain: never called "not replication"; analyzer.analysis.sizing counts it unsized).
+KV_REPLICATION, OTHER_COPY, UNCLASSIFIED = "kv_replication", "other", "unclassified"
+
+
 @dataclass(frozen=True, slots=True)
 class CopyVerdict:
-    """What one copy is, for the records and ``inspect``: its kind ("kv_replication" | "other"), why (the
-    classifier's reason, or what it replicates), its repeats (a tile's; None for a gather or concat) and where they
-    come from ("constant": its ``reps`` input; "program": computed at run time, here sized at the stated shapes)."""
+    """What one copy is, for the records and ``inspect``: its kind ("kv_replication" | "other" | "unclassified"),
+    why (the classifier's reason, or what it replicates), its repeats (a tile's; None for a gather or concat) and
+    where they come from ("constant": its ``reps`` input; "program": computed at run time, here sized at the stated
+    shapes)."""
 
     kind: str
     reason: str
@@ -152,10 +158,10 @@ def copy_verdicts(ops) -> dict[int, CopyVerdict]:
             continue
         facts = copy_facts(ops, consumers, op)
         if isinstance(facts, str):
-            kind, reason = "other", facts
+            kind, reason = UNCLASSIFIED, facts
         else:
             verdict = classify_copy(facts, cache)
-            kind = "kv_replication" if verdict.is_kv else "other"
+            kind = KV_REPLICATION if verdict.is_kv else OTHER_COPY if verdict.decided else UNCLASSIFIED
             reason = verdict.reason if not verdict.is_kv else (
                 f"copies whole K/V heads for attention: {verdict.query_heads} query heads read {verdict.kv_heads} "
                 f"KV heads (G = {verdict.group})")

@@ -132,6 +132,9 @@ class Replication:
     source_depth: int = 0
     source_view: tuple[int, ...] = ()
     reads: tuple[HeadMap, ...] = ()
+    # False: no verdict could be made (the chain could not be evaluated); ``reason`` says why, and the copy is
+    # counted as unclassified, never as "not replication"
+    decided: bool = True
 
     @property
     def kv_heads(self) -> int:
@@ -293,11 +296,11 @@ def classify_copy(facts: CopyFacts, cache: IndexCache | None = None) -> Replicat
             extra = " (its other operand is no attention weight)" if read.consumer_type == "mul" else ""
             return Replication(False, f"feeds {read.consumer_type} {read.consumer_name!r}, not an attention "
                                       f"matmul{extra}", axes)
-    reason = "no source"
+    reason, decided = "no source", True
     for source in facts.sources[::-1]:
         maps: list[HeadMap] = []
         views: set[tuple[int, ...]] = set()
-        why = ""
+        why, evaluated = "", True
         for read in facts.reads:
             steps = source.steps + read.steps
             try:
@@ -305,6 +308,7 @@ def classify_copy(facts: CopyFacts, cache: IndexCache | None = None) -> Replicat
             except ValueError as e:  # placeholder sizes of symbolic dimensions that do not fit, or too large
                 why = (f"its chain is too large to evaluate ({e})" if "more than" in str(e) else
                        "its chain cannot be evaluated at any one size of its symbolic dimensions")
+                evaluated = False
                 break
             if isinstance(found, str):
                 why = found
@@ -317,6 +321,6 @@ def classify_copy(facts: CopyFacts, cache: IndexCache | None = None) -> Replicat
         if not why:
             return Replication(True, "", axes, source.depth, views.pop(), tuple(maps))
         if source.depth == 0:
-            reason = why
-    return Replication(False, reason, axes)
+            reason, decided = why, evaluated
+    return Replication(False, reason, axes, decided=decided)
 

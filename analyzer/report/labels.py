@@ -12,11 +12,11 @@ unknown stays unmapped with the reason, never a silent fallback::
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from analyzer.analysis.record import ANALYSIS_FILE, read_analysis_file
+from analyzer.analysis.record import ANALYSIS_FILE, Analysis, read_analysis_file
 from analyzer.convert.compress import PRESETS
 from analyzer.errors import QfoldError
 from analyzer.report.catalog import DEFAULT_KV_MODE, AnalysisRef, RefFacts, build_refs_of, variant_names
@@ -141,3 +141,17 @@ def bench_label(target: str | Path) -> str | None:
     except (QfoldError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return refs[0].label if len(refs) == 1 else None
+
+
+def sized_graph_bytes(mapped: Mapping[str, Analysis]) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Log label → total bytes per token of the analysis it is mapped to, for the bandwidth fit, and one line per
+    label left out because its analysis could not be sized (its bytes per token leave something out: a fit on them
+    would be wrong, never a figure to show; ``analyzer.analysis.sizing``)."""
+    graph, left_out = {}, []
+    for label, a in mapped.items():
+        if a.sizing.sized:
+            graph[label] = a.bytes_per_token.total
+        else:
+            left_out.append(f"{label}: left out of the fit, its analysis could not be sized "
+                            f"({a.sizing.unsized_reason})")
+    return graph, tuple(left_out)

@@ -20,7 +20,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from analyzer.analysis.accounting import account
 from analyzer.engines.coreai.runtime import CoreAIRuntime
 from analyzer.engines.interpret import InputRoles, decode_steps, infer_roles, load_roles
 from analyzer.errors import FoldError, QfoldError
@@ -70,8 +69,7 @@ def prove_on_runtime(original: Path, folded: Path, steps: int = DEFAULT_STEPS, s
 
 def function_bytes(before: Path, after: Path) -> tuple[FunctionBytes, ...]:
     """Bytes per decode token by category of both assets (the walker's byte account), and their KV copies."""
-    a, b = read_asset(before), read_asset(after)
-    return (FunctionBytes(a.function, account(a).totals(), account(b).totals(), kv_copies(a), kv_copies(b)),)
+    return (FunctionBytes.of(read_asset(before), read_asset(after)),)
 
 
 def kv_copies(program: MilProgram) -> int:

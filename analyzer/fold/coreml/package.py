@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.analysis.accounting import account
 from analyzer.analysis.shapes import input_ranges, probe_shapes, range_bounds, read_sized
 from analyzer.engines.interpret import load_interpreter
 from analyzer.engines.interpret.values import np_dtype
@@ -181,12 +180,7 @@ def fold_package(src: str | Path, dst: str | Path, check_weights: bool = True,
         lap("weights_s")
         if not weights.ok:
             raise FoldError(f"{pkg}: folding changed constant {weights.changed[0]!r}; the output was not kept")
-    rows = tuple(
-        FunctionBytes(fn, account(before[fn]).totals(), account(after[fn]).totals(),
-                      sum(op.tile_kind == "kv_replication" for op in before[fn].ops),
-                      sum(op.tile_kind == "kv_replication" for op in after[fn].ops))
-        for fn in functions
-    )
+    rows = tuple(FunctionBytes.of(before[fn], after[fn]) for fn in functions)
     return FoldReport("coreml", str(pkg), str(dst), PASS_NAME, PASS_VERSION, decisions, rows, weights, timings)
 
 
