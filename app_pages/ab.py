@@ -179,6 +179,8 @@ with st.container(horizontal=True, gap="xsmall", key="ab_headline"):
     for card in cards:
         st.metric(card.label, card.value, delta=card.delta, delta_color=card.delta_color, help=card.help or None,
                   border=True, width=card_px, delta_arrow=card.delta_arrow)
+for note in h.unsized_notes:  # its byte figures leave something out: the cards say "could not be sized", this why
+    st.warning(fmt.md_text(for_ui(note)), icon=":material/warning:")
 st.caption(f"Predicted tok/s use **{bw.label}**: {fmt.md_text(bw.source)}." + (f" **{caveat}**" if caveat else ""),
            help=bw.citation or None)
 for note in h.assumptions:
@@ -299,8 +301,10 @@ with t_tiles:
         for col, analysis, label in zip(st.columns(2), (analysis_a, analysis_b), (label_a, label_b), strict=True):
             tiles = figures.tile_frame(analysis)
             with col:
-                st.markdown(f"{fmt.md(label)}: **{len(tiles)} tile ops, "
-                            f"{fmt.size(analysis.summary.tile_output_bytes, 'auto', None)} of output**")
+                unsized = analysis.summary.unsized_copies
+                output = (f"{fmt.size(analysis.summary.tile_output_bytes, 'auto', None)} of output" if not unsized
+                          else f"{unsized} unsized, output could not be sized")
+                st.markdown(f"{fmt.md(label)}: **{len(tiles)} tile ops, {output}**")
                 if len(tiles):
                     widgets.table_with_download(tiles, f"ab_tiles_csv_{label}", "tiles.csv", max_height=380,
                                                display=frames.with_units(tiles, ["output_bytes"]))

@@ -68,10 +68,16 @@ def analyse_section() -> None:
         what = f"{ref.path.name}" + (f", function {ref.function}" if ref.function else "")
         copies = "replication ops" if a.program.backend == "coreai" else "tile ops"
         at = "; ".join(x.text for x in a.program.assumed_shapes)
-        st.success(f"{fmt.md(what)}: {s.total_ops:,} ops ({s.non_const_ops:,} without const), {s.tile_count} "
-                   f"{copies}, {fmt.size(a.bytes_per_token.total, 'auto', None)} per call"
-                   + (f" at {fmt.md_text(for_ui(at))}" if at else "") + ". It is now in the A/B pickers.")
-        if a.account.unsized:
+        shown = st.success if a.sizing.sized else st.warning
+        per_call = (f"{fmt.size(a.bytes_per_token.total, 'auto', None)} per call" if a.sizing.sized
+                    else "bytes per call could not be sized")
+        unsized = f" ({s.unsized_copies} unsized)" if s.unsized_copies else ""
+        shown(f"{fmt.md(what)}: {s.total_ops:,} ops ({s.non_const_ops:,} without const), {s.tile_count} "
+              f"{copies}{unsized}, {per_call}" + (f" at {fmt.md_text(for_ui(at))}" if at else "")
+              + ". It is now in the A/B pickers.")
+        for reason in a.sizing.reasons:  # names come from the package: escaped
+            st.warning(fmt.md_text(for_ui(reason)), icon=":material/warning:")
+        if a.account.unsized and a.sizing.sized:
             # tensor names come from the package: code spans
             examples = ", ".join(f"{fmt.md(u.tensor)} {u.shape}" for u in a.account.unsized[:3])
             st.warning(f"{len(a.account.unsized)} tensors have a symbolic (flexible) dimension and are in no "

@@ -16,7 +16,7 @@ from pathlib import Path
 import streamlit as st
 
 from analyzer import fmt
-from analyzer.analysis.record import load_analysis
+from analyzer.analysis.record import Analysis, load_analysis
 from analyzer.analysis.shapes import shapes_label
 from analyzer.compare.structdiff import StructuralDiff, structural_diff
 from analyzer.errors import QfoldError
@@ -70,6 +70,11 @@ def _view(a: Key, b: Key | None, layer: str, collapse: bool, label_a: str,
     return view, tuple(gv.render_sides(view)) if gv.dot_binary() else None, None
 
 
+def _not_sized(program: MilProgram) -> str:
+    """" (NOT SIZED)" for a side that could not be sized (its missing sizes are not drawn as zero), else ""."""
+    return "" if Analysis(program).sizing.sized else " (NOT SIZED)"
+
+
 def _layer_label(value: str) -> str:
     return "outside the layers (embedding, final norm, lm_head)" if value == gv.OUTSIDE_LAYERS else f"layer {value}"
 
@@ -96,8 +101,8 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
         if program.assumed_shapes:
             st.caption(f"{side} is drawn at its flexible inputs' shapes: "
                        + fmt.md_text(for_ui("; ".join(x.text for x in program.assumed_shapes))))
-    label_a += shapes_label(program_a.assumed_shapes)
-    label_b += shapes_label(program_b.assumed_shapes)
+    label_a += shapes_label(program_a.assumed_shapes) + _not_sized(program_a)
+    label_b += shapes_label(program_b.assumed_shapes) + _not_sized(program_b)
     mode = st.segmented_control("Show", MODES, default=MODES[0], key="ab_graph_mode") or MODES[0]
     pair = mode == "A vs B"
     if pair:

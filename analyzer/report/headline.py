@@ -152,6 +152,22 @@ class ABHeadline:
     equivalence: EquivalenceSummary | None = None
     assumptions_a: tuple[str, ...] = field(default=())  # report.assumptions.assumption_notes
     assumptions_b: tuple[str, ...] = field(default=())
+    # why A or B could not be sized (analyzer.analysis.sizing): its byte figures leave something out and are shown
+    # as "could not be sized", never as a number; None: sized
+    unsized_reason_a: str | None = None
+    unsized_reason_b: str | None = None
+    unsized_copies_a: int = 0  # copies without a size or a verdict, beside the tile count
+    unsized_copies_b: int = 0
+
+    @property
+    def sized(self) -> bool:
+        return self.unsized_reason_a is None and self.unsized_reason_b is None
+
+    @property
+    def unsized_notes(self) -> tuple[str, ...]:
+        """One line per side that could not be sized, with why."""
+        return tuple(f"{side} could not be sized: {why}" for side, why in (("A", self.unsized_reason_a),
+                                                                           ("B", self.unsized_reason_b)) if why)
 
     @property
     def speedup(self) -> float:
@@ -191,6 +207,10 @@ def ab_headline(a: Analysis, b: Analysis, *, bw_bytes_per_s: float, label_a: str
         equivalence=equivalence_summary(a, b),
         assumptions_a=assumption_notes(a),
         assumptions_b=assumption_notes(b),
+        unsized_reason_a=a.sizing.unsized_reason,
+        unsized_reason_b=b.sizing.unsized_reason,
+        unsized_copies_a=sa.unsized_copies,
+        unsized_copies_b=sb.unsized_copies,
     )
 
 
@@ -199,14 +219,22 @@ def headline_frame(h: ABHeadline) -> pd.DataFrame:
     def row(what: str, a: Any, b: Any, unit: str) -> dict[str, Any]:
         return {"what": what, "a": a, "b": b, "unit": unit}
 
+    def sized(a: Any, b: Any, ok_a: bool, ok_b: bool) -> tuple[Any, Any]:  # a figure not computed is empty
+        return (a if ok_a else None), (b if ok_b else None)
+
+    ok_a, ok_b = h.unsized_reason_a is None, h.unsized_reason_b is None
     rows = [
+        row("sized", ok_a, ok_b, "could every figure be computed (analyzer/analysis/sizing.py)"),
         row("tile ops", h.tiles_a, h.tiles_b, "ops"),
-        row("tile output", h.tile_bytes_a, h.tile_bytes_b, "bytes"),
+        row("unsized copies", h.unsized_copies_a, h.unsized_copies_b, "ops without a size or a verdict"),
+        row("tile output", *sized(h.tile_bytes_a, h.tile_bytes_b, not h.unsized_copies_a, not h.unsized_copies_b),
+            "bytes"),
         row("ops (with const)", h.total_ops_a, h.total_ops_b, "ops"),
         row("ops (without const)", h.non_const_ops_a, h.non_const_ops_b, "ops"),
-        *(row(f"bytes per token: {c}", h.bytes_per_token_a.get(c), h.bytes_per_token_b.get(c), "bytes")
-          for c in (*CATEGORIES, "total")),
-        row("predicted tok/s", h.tok_per_s_a, h.tok_per_s_b, f"tok/s at {fmt.bandwidth(h.bw_bytes_per_s)}"),
+        *(row(f"bytes per token: {c}", *sized(h.bytes_per_token_a.get(c), h.bytes_per_token_b.get(c), ok_a, ok_b),
+              "bytes") for c in (*CATEGORIES, "total")),
+        row("predicted tok/s", *sized(h.tok_per_s_a, h.tok_per_s_b, ok_a, ok_b),
+            f"tok/s at {fmt.bandwidth(h.bw_bytes_per_s)}"),
     ]
     return pd.DataFrame(rows, columns=["what", "a", "b", "unit"])
 
@@ -215,6 +243,7 @@ def headline_frame(h: ABHeadline) -> pd.DataFrame:
 DeltaColor = Literal["normal", "inverse", "off"]
 DeltaArrow = Literal["auto", "up", "down", "off"]
 NO_CHANGE = "no change"
+NOT_SIZED = "could not be sized"
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,26 +276,50 @@ def _ratio_card(key: str, label: str, value: str, ratio: float, what: str, help:
                         "up" if faster else "down")
 
 
+def _unsized_card(key: str, label: str, a: str | None, b: str | None, why: tuple[str, ...]) -> HeadlineCard:
+    """A card one side of which could not be sized: that side reads "could not be sized" (``None``), never a
+    number, there is no change to show, and the help says why."""
+    return HeadlineCard(key, label, f"{a or NOT_SIZED} → {b or NOT_SIZED}", None, "off", " ".join(why), "off")
+
+
 def headline_cards(h: ABHeadline, measured: tuple[float, float, str] | None = None,
                    caveat: str | None = None) -> tuple[HeadlineCard, ...]:
     """The headline's metrics, each value in the unit it deserves (``fmt.size(..., "auto")``: 32 KiB of tiles is
     ``32.0 KiB → 0 B``, never ``0 → 0 MiB``). ``measured`` is (tok/s A, tok/s B, where they were measured);
-    ``caveat`` is added to the predicted tok/s card's help (e.g. :func:`compare.structure_caveat`)."""
+    ``caveat`` is added to the predicted tok/s card's help (e.g. :func:`compare.structure_caveat`). A side that
+    could not be sized shows "could not be sized" instead of its byte and speed figures."""
     ta, tb = h.bytes_per_token_a.total, h.bytes_per_token_b.total
     bw = fmt.bandwidth(h.bw_bytes_per_s)
     rate_help = "tok/s = BW ÷ bytes per token; the ratio does not depend on BW" + (f". {caveat}" if caveat else "")
+    why = h.unsized_notes
+    ok_a, ok_b = h.unsized_reason_a is None, h.unsized_reason_b is None
+    copies_a, copies_b = (f" ({n} unsized)" if n else "" for n in (h.unsized_copies_a, h.unsized_copies_b))
+    tiles = _change_card("tiles", "tile ops, A → B", fmt.count_change(h.tiles_a, h.tiles_b), h.tiles_b - h.tiles_a,
+                         f"{h.tiles_b - h.tiles_a:+,} ops", fewer_is_better=True)
+    if copies_a or copies_b:
+        tiles = HeadlineCard("tiles", "tile ops, A → B", f"{h.tiles_a:,}{copies_a} → {h.tiles_b:,}{copies_b}",
+                             None, "off", "unsized: copies without a size or a verdict. " + " ".join(why), "off")
+    ops = _change_card("ops", "ops without const, A → B", fmt.count_change(h.non_const_ops_a, h.non_const_ops_b),
+                       h.non_const_ops_b - h.non_const_ops_a, f"{h.non_const_ops_b - h.non_const_ops_a:+,} ops",
+                       fewer_is_better=True,
+                       help=f"with const: {h.total_ops_a:,} → {h.total_ops_b:,} ({h.total_ops_b - h.total_ops_a:+,})")
+    if not h.sized:
+        size_a = fmt.size(h.tile_bytes_a, "auto", None) if not h.unsized_copies_a else None
+        size_b = fmt.size(h.tile_bytes_b, "auto", None) if not h.unsized_copies_b else None
+        return (tiles, _unsized_card("tile_bytes", "tile output per token, A → B", size_a, size_b, why), ops,
+                _unsized_card("bytes", "bytes per token, A → B", fmt.size(ta, "auto", None) if ok_a else None,
+                              fmt.size(tb, "auto", None) if ok_b else None, why),
+                _unsized_card("tok_per_s", f"predicted tok/s at {bw}", fmt.rate(h.tok_per_s_a) if ok_a else None,
+                              fmt.rate(h.tok_per_s_b) if ok_b else None, why),
+                *_measured_cards(measured))
     cards = [
-        _change_card("tiles", "tile ops, A → B", fmt.count_change(h.tiles_a, h.tiles_b), h.tiles_b - h.tiles_a,
-                     f"{h.tiles_b - h.tiles_a:+,} ops", fewer_is_better=True),
+        tiles,
         _change_card("tile_bytes", "tile output per token, A → B", fmt.change(h.tile_bytes_a, h.tile_bytes_b,
                                                                               "auto", None),
                      h.tile_bytes_b - h.tile_bytes_a, fmt.size(h.tile_bytes_b - h.tile_bytes_a, "auto", None,
                                                                sign=True), fewer_is_better=True,
                      help=f"exact: {h.tile_bytes_a:,} → {h.tile_bytes_b:,} bytes"),
-        _change_card("ops", "ops without const, A → B", fmt.count_change(h.non_const_ops_a, h.non_const_ops_b),
-                     h.non_const_ops_b - h.non_const_ops_a, f"{h.non_const_ops_b - h.non_const_ops_a:+,} ops",
-                     fewer_is_better=True,
-                     help=f"with const: {h.total_ops_a:,} → {h.total_ops_b:,} ({h.total_ops_b - h.total_ops_a:+,})"),
+        ops,
         _change_card("bytes", "bytes per token, A → B", fmt.change(ta, tb, "auto", None), tb - ta,
                      fmt.size(tb - ta, "auto", None, sign=True), fewer_is_better=True,
                      help=f"in decimal units: {fmt.change(ta, tb, 'auto-si', None)} "
@@ -275,8 +328,12 @@ def headline_cards(h: ABHeadline, measured: tuple[float, float, str] | None = No
         _ratio_card("tok_per_s", f"predicted tok/s at {bw}", f"{fmt.rate(h.tok_per_s_a)} → {fmt.rate(h.tok_per_s_b)}",
                     h.speedup, "(= bytes A ÷ bytes B)", rate_help),
     ]
-    if measured is not None:
-        a, b, where = measured
-        cards.append(_ratio_card("measured", "measured tok/s (device logs)", f"{a:,.2f} → {b:,.2f}", b / a,
-                                 "measured", where))  # as logged: the write-up's 20.39 → 54.30
-    return tuple(cards)
+    return (*cards, *_measured_cards(measured))
+
+
+def _measured_cards(measured: tuple[float, float, str] | None) -> tuple[HeadlineCard, ...]:
+    if measured is None:
+        return ()
+    a, b, where = measured
+    return (_ratio_card("measured", "measured tok/s (device logs)", f"{a:,.2f} → {b:,.2f}", b / a, "measured",
+                        where),)  # as logged: the write-up's 20.39 → 54.30
