@@ -6,19 +6,21 @@ Contract (scripts depend on these names):
         [--phase {decode,prefill,decode+prefill}] [--q-len N]
                                       one build folder per variant, in order, on stdout
                                       (one variant: the last stdout line is its folder)
-  inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}]
+  inspect PATH [--json] [--ops] [--csv] [--function NAME] [--weight-charge {compressed,decompressed}] [--strict]
                                           PATH: a build folder, an analysis.json or any .mlpackage
   diff A B [--json] [--function NAME] [--weight-charge {compressed,decompressed}] [--plan A=PLAN --plan B=PLAN]
-         [--plan-function A=P|B=P ...]
+         [--plan-function A=P|B=P ...] [--strict]
   placement PLAN ANALYSIS [--function F] [--plan-function P] [--json]
-  graph A [B] [--layer N|outside] [--function NAME] --out FILE.svg|FILE.dot [--no-collapse]
+  graph A [B] [--layer N|outside] [--function NAME] --out FILE.svg|FILE.dot [--no-collapse] [--strict]
                                       last stdout line: the file written
   explore TARGET [TARGET_B] [--function F] [--shape N=D,...] [--plan A=PLAN] [--plan B=PLAN] [--out DIR]
           [--port P] [--no-browser]      Model Explorer: --out writes the files and prints the command that opens
                                       them; otherwise serves them on 127.0.0.1:P (8080) until Ctrl-C, URL on stdout
-  fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
-  fold IN.aimodel OUT.aimodel [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
+  fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof] [--strict]
+  fold IN.aimodel OUT.aimodel [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof] [--strict]
                                           IN: also a Core AI build folder (its model.aimodel)
+  A figure that could not be computed (a flexible program the interpreter cannot size, a copy op without a size or
+  a verdict) is a warning on stderr, sized: false in --json; --strict makes it an error (exit 1).
   run PKG --inputs IN.npz --out OUT.npz [--states S.npz] [--function NAME]
       (or --steps N [--input-spec SPEC.json] [--seed S] instead of --inputs: N seeded decode steps)
       PKG: a .mlpackage (MIL interpreter), a .aimodel (Core AI runtime) or a build folder holding one

@@ -30,8 +30,9 @@ from analyzer.cli.common import add_shape_option, add_strict_option, check_stric
 from analyzer.engines.coreai.runtime import asset_in
 from analyzer.engines.interpret import load_roles
 from analyzer.errors import FoldError
-from analyzer.fold.cache import check_fold_output, copy_package, fold_cached, nothing_folded
+from analyzer.fold.cache import check_fold_output, copy_package, fold_cached
 from analyzer.fold.coreai.asset_fold import fold_asset
+from analyzer.fold.fold_records import nothing_folded
 from analyzer.fsio import check_disjoint
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.ir.coreml.mil_reader import find_package, list_functions

@@ -47,7 +47,7 @@ from analyzer.engines.coreai.runtime import asset_in
 from analyzer.errors import FoldError, QfoldError
 from analyzer.fold.coreai import asset_fold
 from analyzer.fold.coreml.package import fold_package, package_digest
-from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION
+from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION, nothing_folded
 from analyzer.fold.proof import DEFAULT_STEPS, FoldProof, folded_check, prove_fold
 from analyzer.fsio import check_disjoint, copy_tree, file_kind, read_bytes_bounded, read_json, write_json_atomic
 from analyzer.ir.coreai.asset import HASH_FILE, check_asset
@@ -83,17 +83,6 @@ class FoldResult:
         before, after = f["before"]["total"], f["after"]["total"]
         return (f"{r['tiles_folded']} of {r['tiles_found']} {ops} folded; bytes per token "
                 f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: {self.proof_headline}")
-
-
-def nothing_folded(report: dict[str, Any]) -> str:
-    """What a report that folded nothing says: no copy of K/V for attention, or, when a function could not be
-    sized, that whether its copies are KV replication is unknown (never "none" for what was not decided)."""
-    ops = "replication ops" if report.get("backend") == "coreai" else "tile ops"
-    unsized = [f["function"] for f in report["functions"] if not f.get("sized", True)]
-    if unsized:
-        return (f"nothing folded: {report['tiles_found']} {ops}; whether they copy K/V for attention is unknown "
-                f"(function {', '.join(unsized)} could not be sized)")
-    return f"nothing to fold: {report['tiles_found']} {ops}, none copies K/V for attention"
 
 
 def fold_key(digest: str) -> str:

@@ -133,3 +133,14 @@ class FoldReport:
             "weights": None if self.weights is None else {**asdict(self.weights), "ok": self.weights.ok},
             "composite_calls": self.composite_calls, "timings_s": self.timings_s,
         }
+
+
+def nothing_folded(report: dict[str, Any]) -> str:
+    """What a report that folded nothing says: no copy of K/V for attention, or, when a function could not be
+    sized, that whether its copies are KV replication is unknown (never "none" for what was not decided)."""
+    ops = "replication ops" if report.get("backend") == "coreai" else "tile ops"
+    unsized = [f["function"] for f in report["functions"] if not f.get("sized", True)]
+    if unsized:
+        return (f"nothing folded: {report['tiles_found']} {ops}; whether they copy K/V for attention is unknown "
+                f"(function {', '.join(unsized)} could not be sized)")
+    return f"nothing to fold: {report['tiles_found']} {ops}, none copies K/V for attention"
