@@ -8,6 +8,7 @@ GQA/MQA preset's own family and geometry: tests/test_coreai_presets.py.
 import csv
 import hashlib
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,7 @@ import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the ot
 
 from analyzer.analysis.record import Analysis, load_analysis
 from analyzer.cli import main as cli
-from analyzer.compare.diff_reasons import CROSS_BACKEND_CAUSES, explain
+from analyzer.compare.diff_reasons import explain
 from analyzer.convert.launch import run_builds
 from analyzer.errors import AimodelError, QfoldError
 from analyzer.ir.coreai.asset import check_asset
@@ -107,10 +108,13 @@ def test_coreai_bytes_equal_coreml_and_diff_explains_the_rest(coreai_builds, tin
     for category in ("weights", "activations", "replication"):
         parts = [r for r in reasons if r.aspect == category]
         assert sum(r.delta for r in parts) == ai.bytes_per_token.get(category) - ml.bytes_per_token.get(category)
+    assert_causes_read_off_the_graphs(reasons, ml, ai)
     # weights: the same parameters; what differs is only what each converter makes a constant, each with its cause
-    weights = [r for r in reasons if r.aspect == "weights"]
-    assert all(("weights", r.kind) in CROSS_BACKEND_CAUSES for r in weights)
+    weights = {r.kind: r for r in reasons if r.aspect == "weights"}
+    assert all("constants" in r.why for r in weights.values()), weights
     g = geometry_of(load_config(resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)))
+    half = g.head_dim // 2  # RoPE's inverse frequencies: fp16 in Core ML, fp32 (torch's dtype) in Core AI
+    assert f"read the constants: A fp16 [{half}] where B fp32 [{half}]" in weights["mul"].why, weights["mul"].why
     assert ai.bytes_per_token.weights - ml.bytes_per_token.weights == g.head_dim + 12  # fp32 inv_freq; INT32_MAX×3
     assert ml.flops.per_token().get("projections") == ai.flops.per_token().get("projections") > 0
     assert ml.flops.per_token().get("attention_scores") == ai.flops.per_token().get("attention_scores")
@@ -118,6 +122,19 @@ def test_coreai_bytes_equal_coreml_and_diff_explains_the_rest(coreai_builds, tin
     doc = json.loads(capsys.readouterr().out)
     assert doc["backends"] == {"a": "coreml", "b": "coreai"}
     assert all(r["why"] for r in doc["reasons"]) and {r["aspect"] for r in doc["reasons"]} >= {"weights", "ops"}
+
+
+def assert_causes_read_off_the_graphs(reasons, a: Analysis, b: Analysis) -> None:
+    """Every byte part's cause describes the two graphs' ops of its kind and names an op of each side that has
+    them, and those ops are there, of that kind (a cause is read off the graphs, never looked up)."""
+    for r in reasons:
+        if r.aspect == "ops":
+            continue
+        named = re.findall(r"\b([AB])'s '([^']+)'", r.why)
+        assert named and (r.a == 0 or "A" in dict(named)) and (r.b == 0 or "B" in dict(named)), r
+        for side, name in named:
+            program = (a if side == "A" else b).program
+            assert any(op.name == name and op.kind == r.kind for op in program.ops), (r, side, name)
 
 
 def test_coreai_inspect_graph_and_labels(coreai_builds, tiny_builds, capsys, tmp_path):

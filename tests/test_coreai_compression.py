@@ -72,8 +72,10 @@ def test_the_ab_builds_inspects_diffs_and_benches(builds, capsys, tmp_path):
     assert cli(["diff", str(ml), str(ai), "--json"]) == 0
     reasons = {(r["aspect"], r["kind"]): r for r in json.loads(capsys.readouterr().out)["reasons"]}
     lut = reasons[("weights", "coreai.lut_to_dense")]
-    assert lut["a"] == 0 and lut["b"] > 0 and "lut_to_dense on every call" in lut["why"]
-    assert "decompresses weights on every call" in reasons[("activations", "coreai.blockwise_shift_scale")]["why"]
+    assert lut["a"] == 0 and lut["b"] > 0 and "B decompresses weights on every call (coreai.lut_to_dense (6))" \
+        in lut["why"] and "where A decompresses its weights once, at load (" in lut["why"], lut["why"]
+    assert "B decompresses weights on every call (coreai.blockwise_shift_scale (8))" in \
+        reasons[("activations", "coreai.blockwise_shift_scale")]["why"]
     # the twin stores the same parts the same way: nothing "stored differently" to name between fp16 twins ...
     assert "stored differently" not in lut["why"]
     # ... while the fp32 Core AI build stores its LUTs and scales in fp32

@@ -6,7 +6,7 @@ qfold), fp16, KV as state.
   because coreai-torch drops V's broadcast (the byte difference with Core ML is that copy, and ``diff`` says so);
   Q-fold: none; sdpa_gqa: 2 per layer inside the SDPA composite's fallback body, marked with the composite.
 * kv_read, kv_write (and its value-semantics figure) and replication equal the Core ML build's; every other
-  per-kind byte difference (``diff``: ``analyzer.compare.diff_reasons.explain``) has a known cross-backend cause.
+  per-kind byte difference (``diff``: ``analyzer.compare.diff_reasons.explain``) has its cause read off the two graphs.
 
 Cheap on purpose: each preset's 2-layer version (conftest ``preset_source``: hidden 256 wherever the family's config
 takes a head_dim, MLP 256, vocab 512) at ctx 128, in-process. The Core ML side is the session's package of that
@@ -24,7 +24,7 @@ import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the ot
 
 from analyzer.analysis.accounting import CATEGORIES
 from analyzer.analysis.record import Analysis
-from analyzer.compare.diff_reasons import CROSS_BACKEND_CAUSES, MQA_V_COPY, explain
+from analyzer.compare.diff_reasons import explain
 from analyzer.convert.coreai_build import export_step, save_asset, to_program
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.ir.coreml.mil_reader import read_program
@@ -32,6 +32,7 @@ from analyzer.model.decode import DecodeStep
 from analyzer.model.sources import geometry_of, list_presets, load_config, resolve_source
 from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
 from tests.conftest import PRESET_CTX, preset_source
+from tests.test_coreai import assert_causes_read_off_the_graphs
 
 pytestmark = pytest.mark.conversion
 CTX = PRESET_CTX  # the session's packages' (conftest ``preset_packages``)
@@ -85,12 +86,12 @@ def test_every_gqa_preset_on_both_backends(preset, tmp_path, preset_packages):
         for c in CATEGORIES:  # every byte of every category is in exactly one part
             assert sum(r.delta for r in reasons if r.aspect == c) == \
                 ai.bytes_per_token.get(c) - ml.bytes_per_token.get(c), (v, c)
-        unexplained = [(r.aspect, r.kind, r.a, r.b) for r in reasons
-                       if r.aspect != "ops" and (r.aspect, r.kind) not in CROSS_BACKEND_CAUSES]
-        assert unexplained == [], (v, unexplained)
+        assert_causes_read_off_the_graphs(reasons, ml, ai)
         replication = ai.bytes_per_token.replication - ml.bytes_per_token.replication
         if v == "repeat_kv" and mqa:  # V's copy per layer, written and read once more, and nothing else
             assert replication == -2 * copy * small.num_layers
-            assert any(MQA_V_COPY in r.why for r in reasons if (r.aspect, r.kind) == ("replication", "tile"))
+            (tile,) = [r for r in reasons if (r.aspect, r.kind) == ("replication", "tile")]
+            layers = small.num_layers  # Core ML copies K and V, Core AI K only: the cause counts them
+            assert f"{2 * layers} tile ops in A (tile ({2 * layers})), {layers} in B" in tile.why, tile.why
         else:
             assert replication == 0, v
