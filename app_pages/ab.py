@@ -225,6 +225,8 @@ with about:
     if eq is None:
         st.info("Equivalence: not available for this pair (it is checked in torch between the variants of one "
                 "source, KV mode, ctx and compression).", icon=":material/rule:")
+    elif eq.unproven:  # a fold that is not proven is never shown as proven
+        st.warning(f"**Equivalence**: {fmt.md_text(for_ui(equivalence_text(eq)))}.", icon=":material/gpp_maybe:")
     else:
         st.success(f"**Equivalence**: {equivalence_text(eq)}.", icon=":material/check_circle:")
 st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")

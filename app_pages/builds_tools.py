@@ -129,8 +129,9 @@ def fold_section(root: Path) -> None:
     st.session_state[Key.AB_A] = candidates[to_fold][1] or package_refs(to_fold, fold_shapes)[0].id  # original
     st.session_state[Key.AB_B] = package_refs(folded.artifact, fold_shapes)[0].id  # vs its fold, on the A/B page
     export = "" if folded.artifact.suffix == ".aimodel" else ", and downloadable from Export"
-    st.success(f"{fmt.md(candidates[to_fold][0])}: {fmt.md_text(for_ui(folded.summary()))}. The folded model is on "
-               f"the A/B page beside the original{export} ({fmt.md(folded.artifact)}).")
+    shown = st.success if folded.proof.status in ("proven", "skipped") else st.warning  # unproven: said, not hidden
+    shown(f"{fmt.md(candidates[to_fold][0])}: {fmt.md_text(for_ui(folded.summary()))}. The folded model is on "
+          f"the A/B page beside the original{export} ({fmt.md(folded.artifact)}).")
     st.page_link("app_pages/ab.py", label="Open the A/B", icon=":material/compare:")
 
 

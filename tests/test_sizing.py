@@ -3,13 +3,11 @@ without a size or a verdict, is said to be so wherever its figures are shown —
 and the cause, ``sized: false`` (and why) in ``--json``, the unsized copies beside the tile count, "could not be
 sized" in the A/B headline — and ``--strict`` makes it an error (exit 1). Storing it is analysis.json schema 3.
 
-The package that cannot be sized is made as other tools make packages: a torch decoder step with transformers'
-``repeat_kv`` attention, traced (``torch.jit.trace``) and converted with plain ``ct.convert`` at a ``ct.RangeDim``
-sequence length. It also smooths the attention output with ``F.avg_pool1d``, which coremltools lowers to MIL
-``avg_pool``: an op no LLM decode step needs and the MIL interpreter has no kernel for, so the package stays
-unsized whatever the interpreter learns about shape arithmetic. Its static twin (the same module traced and
-converted at a fixed length) is sized.
-"""
+The package that cannot be sized is made as other tools make packages (``tests.traced_steps``: a torch step with
+transformers' ``repeat_kv``, traced and converted with plain ``ct.convert`` at a ``ct.RangeDim`` sequence length)
+and holds an op the interpreter has no kernel for (MIL ``avg_pool``), so it stays unsized whatever the interpreter
+learns about shape arithmetic. Its static twin (the same module at a fixed length) needs no interpreter to be
+sized."""
 
 from __future__ import annotations
 
@@ -27,51 +25,9 @@ from analyzer.analysis.record import (
 )
 from analyzer.cli import main
 from analyzer.report.headline import NOT_SIZED, ab_headline, headline_cards, headline_frame
+from tests.traced_steps import convert_gqa_step
 
 pytestmark = pytest.mark.conversion
-
-H, HQ, HKV, D = 32, 4, 2, 8
-SMAX = 16  # the flexible sequence length: 1…SMAX
-
-
-def _convert(path, flexible: bool) -> str:
-    import coremltools as ct
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-
-    def repeat_kv(x, n_rep):  # transformers' repeat_kv: expand + reshape
-        b, h, s, d = x.shape
-        return x[:, :, None, :, :].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
-
-    class Step(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            g = torch.Generator().manual_seed(0)
-            self.q, self.k, self.v = (torch.nn.Linear(H, n * D, bias=False) for n in (HQ, HKV, HKV))
-            self.o = torch.nn.Linear(HQ * D, H, bias=False)
-            for m in (self.q, self.k, self.v, self.o):
-                m.weight.data = torch.randn(m.weight.shape, generator=g) * 0.1
-
-        def forward(self, hidden_states):
-            b, s, _ = hidden_states.shape
-            q = self.q(hidden_states).view(b, s, HQ, D).transpose(1, 2)  # (B, Hq, S, D)
-            k = self.k(hidden_states).view(b, s, HKV, D).transpose(1, 2)  # (B, Hkv, S, D)
-            v = self.v(hidden_states).view(b, s, HKV, D).transpose(1, 2)
-            k, v = repeat_kv(k, HQ // HKV), repeat_kv(v, HQ // HKV)  # (B, Hq, S, D): MIL tiles
-            w = torch.softmax(q @ k.transpose(2, 3) * D ** -0.5, dim=-1)
-            out = (w @ v).transpose(1, 2).reshape(b, s, HQ * D)
-            out = F.avg_pool1d(out.transpose(1, 2), 3, stride=1, padding=1, count_include_pad=False)  # MIL avg_pool
-            return self.o(out.transpose(1, 2))
-
-    traced = torch.jit.trace(Step().eval(), torch.randn(1, 4, H))
-    shape = (1, ct.RangeDim(1, SMAX, default=1), H) if flexible else (1, 4, H)
-    model = ct.convert(traced, inputs=[ct.TensorType(name="hidden_states", shape=shape, dtype=np.float16)],
-                       outputs=[ct.TensorType(name="out")], minimum_deployment_target=ct.target.iOS18,
-                       convert_to="mlprogram")
-    model.save(str(path))
-    return str(path)
-
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
@@ -79,7 +35,8 @@ def packages(tmp_path_factory):
     import coremltools as ct
 
     root = tmp_path_factory.mktemp("sizing")
-    flex, fixed = _convert(root / "flex.mlpackage", True), _convert(root / "fixed.mlpackage", False)
+    flex = convert_gqa_step(root / "flex.mlpackage", flexible=True, pool=True)
+    fixed = convert_gqa_step(root / "fixed.mlpackage", flexible=False, pool=True)
     desc = ct.utils.MultiFunctionDescriptor()
     desc.add_function(flex, "main", "flex")
     desc.add_function(fixed, "main", "fixed")

@@ -1,7 +1,7 @@
 """``fold``: remove KV replication from any ML Program package (the ``qfold::fold_gqa_replication`` pass).
 
     qfold fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json]
-                                           [--shape NAME=D0,D1,…]
+                                           [--shape NAME=D0,D1,…] [--no-proof] [--allow-unproven] [--strict]
 
 Writes the folded package to OUT and reports the tiles found / folded / left (with the reason for each tile
 left), bytes per decode token before and after, the per-constant weight check, and the MIL interpreter's
@@ -9,6 +9,10 @@ proof (max |Δ| of every output and final state over N steps: on inputs the inpu
 qfold's own builds, or else inputs drawn at random within what each can hold, each draw stated). A flexible
 package is reported and proved at ``--shape`` (else the stated defaults). Exits 0 when nothing needed folding
 (OUT is then a copy of IN).
+
+A fold is delivered only as what its proof says (``proof.status`` in ``--json``): a proof outside the tolerance
+exits 1, writes nothing and caches nothing; a proof that could not run says why (stderr, ``proof.reason``) and
+exits 1 without writing OUT, unless ``--allow-unproven`` (OUT written, exit 0, a warning) or ``--no-proof``.
 
     qfold fold IN.aimodel OUT.aimodel [--json] [--steps N] [--seed S] [--input-spec SPEC.json]
 
@@ -21,6 +25,7 @@ composite bodies included), and the proof runs on the Core AI runtime. An asset'
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from analyzer import fmt
@@ -33,6 +38,7 @@ from analyzer.errors import FoldError
 from analyzer.fold.cache import check_fold_output, copy_package, fold_cached
 from analyzer.fold.coreai.asset_fold import fold_asset
 from analyzer.fold.fold_records import nothing_folded
+from analyzer.fold.proof import FoldProof
 from analyzer.fsio import check_disjoint
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.ir.coreml.mil_reader import find_package, list_functions
@@ -54,6 +60,10 @@ def add_parser(sub) -> None:
                    help="which inputs are token ids, positions, masks and KV caches (see `run --help`); "
                         "qfold's own builds need none")
     p.add_argument("--no-proof", action="store_true", help="skip the proof")
+    p.add_argument("--allow-unproven", action="store_true",
+                   help="write OUT and exit 0 when the proof could not run (e.g. an op the proof's engine cannot "
+                        "run); without it such a fold is refused (exit 1, OUT not written) and says why. A proof "
+                        "that runs and finds the fold wrong is always refused, and nothing is cached")
     add_shape_option(p)
     add_strict_option(p)
     p.add_argument("--builds-dir",
@@ -78,9 +88,24 @@ def cmd_fold(args) -> int:
                          prove=not args.no_proof, shapes=shapes)
     check_disjoint(result.path, real_out, FoldError)  # never the cache entry itself
     check_strict(args, _warn_unsized(str(src), result.record["report"]))  # before OUT is written
-    copy_package(result.artifact, real_out)
+    refused = _unproven(args, src, out, FoldProof.from_json(result.record["proof"]))
+    if refused is None:
+        copy_package(result.artifact, real_out)
     cache = {"key": result.key, "path": str(result.path), "reused": result.reused}
-    return _report(args, _document(src, out, result.record["report"], result.record["proof"], cache))
+    return _report(args, _document(src, out, result.record["report"], result.record["proof"], cache, refused),
+                   refused)
+
+
+def _unproven(args, src: Path, out: Path, proof: FoldProof) -> str | None:
+    """Why OUT is not written (a fold whose proof could not run, without ``--allow-unproven``), else None; an
+    unproven fold that is written is a warning. (A proof that ran and failed never gets here: the fold raised.)"""
+    if proof.status != "unproven":
+        return None
+    if args.allow_unproven or args.no_proof:  # --no-proof: a cached fold's proof that could not run is still said
+        print(f"warning: {src}: the fold is unproven: the proof could not run ({proof.reason})", file=sys.stderr)
+        return None
+    return (f"{src}: the fold could not be proven ({proof.reason}); {out} was not written (--allow-unproven "
+            "writes an unproven fold, --no-proof skips the proof)")
 
 
 def _fold_asset(args, asset: Path) -> int:
@@ -93,24 +118,30 @@ def _fold_asset(args, asset: Path) -> int:
         check_static_shapes(shapes, program.inputs, asset)
     check_disjoint(Path(args.input), Path(args.output), FoldError)  # a build folder given as IN is an input too
     report = fold_asset(asset, args.output, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
-                        prove=not args.no_proof)
+                        prove=not args.no_proof, keep_unproven=args.allow_unproven)
     doc = report.to_json()
     check_strict(args, _warn_unsized(str(asset), doc))
-    return _report(args, _document(asset, Path(args.output), doc, report.proof.to_json()))
+    refused = _unproven(args, asset, Path(args.output), report.proof)
+    return _report(args, _document(asset, Path(args.output), doc, report.proof.to_json(), refused=refused), refused)
 
 
-def _document(src: Path, out: Path, report: dict, proof: dict, cache: dict | None = None) -> dict:
+def _document(src: Path, out: Path, report: dict, proof: dict, cache: dict | None = None,
+              refused: str | None = None) -> dict:
     """``--json``'s object, either backend: IN and OUT as given, the fold cache's entry (packages), the fold
-    report (``analyzer.fold.fold_records.FoldReport.to_json``) and its proof."""
+    report (``analyzer.fold.fold_records.FoldReport.to_json``), its proof, and whether OUT was written (not when
+    the fold is unproven and that is not allowed)."""
     return {"input": str(src), "output": str(out), **({"cache": cache} if cache is not None else {}), **report,
-            "proof": proof}
+            "proof": proof, "output_written": refused is None}
 
 
-def _report(args, doc: dict) -> int:
+def _report(args, doc: dict, refused: str | None = None) -> int:
+    """The report on stdout (the why of an unproven fold in it too), then the refusal, if any, as the error."""
     if args.json:
         print(json.dumps(doc))
     else:
         _print(doc)
+    if refused is not None:
+        raise FoldError(refused)
     return 0
 
 
@@ -154,6 +185,9 @@ def _print(doc: dict) -> None:
     for draw in doc["proof"].get("draws", []):
         print(f"  drawn: {draw}")
     print(f"equivalence: {doc['proof']['headline']}")
+    if not doc.get("output_written", True):
+        print(f"not written: {doc['output']} (the fold is unproven)")
+        return
     cache = doc.get("cache")
     if cache is None:
         print(f"wrote {doc['output']}")

@@ -48,7 +48,15 @@ from analyzer.errors import FoldError, QfoldError
 from analyzer.fold.coreai import asset_fold
 from analyzer.fold.coreml.package import fold_package, package_digest
 from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION, nothing_folded
-from analyzer.fold.proof import DEFAULT_STEPS, FoldProof, folded_check, prove_fold
+from analyzer.fold.proof import (
+    DEFAULT_STEPS,
+    NOT_REQUESTED,
+    NOTHING_FOLDED,
+    FoldProof,
+    folded_check,
+    prove_fold,
+    refuse_failed,
+)
 from analyzer.fsio import check_disjoint, copy_tree, file_kind, read_bytes_bounded, read_json, write_json_atomic
 from analyzer.ir.coreai.asset import HASH_FILE, check_asset
 from analyzer.ir.coreml.mil_reader import find_package, read_program
@@ -69,8 +77,12 @@ class FoldResult:
     seconds: float
 
     @property
+    def proof(self) -> FoldProof:
+        return FoldProof.from_json(self.record["proof"])
+
+    @property
     def proof_headline(self) -> str:
-        return FoldProof.from_json(self.record["proof"]).headline()
+        return self.proof.headline()
 
     def summary(self) -> str:
         """One line for the UI: copies (MIL tiles or Core AI replication ops), bytes per token of the first
@@ -112,7 +124,7 @@ def _proof_request(steps: int, seed: int, roles_path: str | Path | None) -> dict
 
 
 def _not_needed() -> FoldProof:
-    return FoldProof(False, reason="nothing was folded: the output is a byte copy of the input")
+    return FoldProof(False, reason=NOTHING_FOLDED, skipped=True)
 
 
 # ------------------------------------------------------------------------------------------------ the cache
@@ -136,7 +148,11 @@ def fold_cached(src: str | Path, root: str | Path | None = None, steps: int = DE
 
     def reuse(record: dict[str, Any], folder: Path) -> dict[str, Any]:
         if prove and record.get("proof_request") != request and record["report"]["changed"]:
-            record["proof"] = prove_fold(pkg, folder / PACKAGE_NAME, steps, seed, roles_path, shapes=shapes).to_json()
+            proof = prove_fold(pkg, folder / PACKAGE_NAME, steps, seed, roles_path, shapes=shapes)
+            if proof.status == "failed":  # proven wrong now: the entry is not kept either
+                shutil.rmtree(folder, ignore_errors=True)
+            refuse_failed(proof, pkg)
+            record["proof"] = proof.to_json()
             record["proof_request"] = request
             write_json_atomic(folder / FOLD_FILE, record)
         return record
@@ -147,8 +163,9 @@ def fold_cached(src: str | Path, root: str | Path | None = None, steps: int = DE
             proof = _not_needed()
         elif prove:
             proof = prove_fold(pkg, tmp / PACKAGE_NAME, steps, seed, roles_path, shapes=shapes)
+            refuse_failed(proof, pkg)  # raised before the entry is renamed into place: nothing is cached
         else:
-            proof = FoldProof(False, reason="not requested")
+            proof = FoldProof(False, reason=NOT_REQUESTED, skipped=True)
         return {"key": key, "source_sha256": digest, "source_name": pkg.name, "source_path": str(pkg.resolve()),
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),
                 "package_sha256": package_digest(tmp / PACKAGE_NAME),
@@ -334,7 +351,9 @@ def build_folded(spec: BuildSpec, root: str | Path | None = None,
     base = run_build(spec, root, on_progress=on_progress)
     if on_progress is not None:
         on_progress(Progress(0.9, "fold", f"folding {base.key} with {PASS_NAME}"))
-    fold = fold_cached(base.path, root, steps=min(spec.equivalence_steps, DEFAULT_STEPS))
+    fold = fold_cached(base.path, root, steps=min(spec.equivalence_steps, DEFAULT_STEPS))  # a failed proof raises
+    if on_progress is not None and fold.proof.status == "unproven":  # built, and stored and shown as unproven
+        on_progress(Progress(0.95, "fold", f"the fold is {fold.proof_headline}"))
     original = load_analysis(base.path)
     with key_lock(root, key):  # a .tmp-* folder lives only under its key lock (analyzer.convert.builds_folder)
         if is_complete(final):  # a concurrent fold of the same build finished first
@@ -371,7 +390,7 @@ def folded_analysis(original: Analysis, fold: FoldResult, key: str) -> Analysis:
         timings_s={f"fold_{stage}": float(t) for stage, t in report["timings_s"].items()},
         peak_rss_bytes=peak_rss_bytes(),
         package_bytes=sum(f.stat().st_size for f in fold.artifact.rglob("*") if f.is_file()),
-        checks=(*b.checks, folded_check(FoldProof.from_json(fold.record["proof"]))),
+        checks=(*b.checks, folded_check(fold.proof)),
         extra={**b.extra, "folded_from": b.key,
                "fold": {"key": fold.key, "reused": fold.reused, **report, "proof": fold.record["proof"]}},
     )

@@ -27,13 +27,18 @@ from analyzer.analysis.buildinfo import EquivalenceCheck
 from analyzer.analysis.shapes import read_sized
 from analyzer.engines.interpret import DecodeRun, decode_steps, infer_roles, load_interpreter, load_roles, max_abs_diff
 from analyzer.engines.interpret.draws import draw_steps, plan_draws
-from analyzer.errors import QfoldError
+from analyzer.errors import FoldError, QfoldError
 from analyzer.ir.coreml.mil_reader import load_function
 
 DEFAULT_STEPS = 4
 INTERPRETER = "the MIL interpreter"
 # The Done-when bound of issue #9: max |Δ| ≤ 1e-2 × max |output| (fp16 graphs round every op to 11 bits).
 RELATIVE_TOLERANCE = 1e-2
+
+
+NOT_REQUESTED = "not requested (--no-proof)"
+NOTHING_FOLDED = "nothing was folded: the output is a byte copy of the input"
+SKIPPED_REASONS = ("not requested", "nothing was folded")  # how records made before FoldProof.skipped begin
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,8 @@ class FoldProof:
     engine: str = INTERPRETER  # what ran both programs (the Core AI fold: "the Core AI runtime")
     draws: tuple[str, ...] = ()  # how each input was drawn, without an input spec
     shapes: tuple[str, ...] = ()  # the shapes a flexible package ran at
+    # not run by choice or need (--no-proof; nothing was folded, the output is a byte copy): not "unproven"
+    skipped: bool = False
 
     @property
     def bit_identical(self) -> bool:
@@ -57,12 +64,45 @@ class FoldProof:
 
     @property
     def within_tolerance(self) -> bool:
-        return self.checked and all(d <= RELATIVE_TOLERANCE * max(self.max_abs_value.get(n, 0.0), 1e-6)
-                                    for n, d in self.max_abs_diff.items())
+        return self.checked and all(d <= self.tolerance(n) for n, d in self.max_abs_diff.items())
+
+    def tolerance(self, name: str) -> float:
+        """The largest |Δ| output or state ``name`` may show: :data:`RELATIVE_TOLERANCE` × its max |value|."""
+        return RELATIVE_TOLERANCE * max(self.max_abs_value.get(name, 0.0), 1e-6)
+
+    @property
+    def status(self) -> str:
+        """``proven`` (ran, within tolerance), ``failed`` (ran, outside it), ``unproven`` (could not run:
+        :attr:`reason` says why) or ``skipped`` (not asked for, or nothing was folded)."""
+        if self.checked:
+            return "proven" if self.within_tolerance else "failed"
+        return "skipped" if self.skipped else "unproven"
+
+    def failure(self) -> str:
+        """A failed proof in one line: the output or state furthest outside the tolerance, by how much."""
+        name = max(self.max_abs_diff, key=lambda n: self.max_abs_diff[n] / self.tolerance(n))
+        return (f"{name} differs by up to {self.max_abs_diff[name]:.3g} over {self.steps} steps in {self.engine}, "
+                f"over the tolerance {self.tolerance(name):.3g} ({RELATIVE_TOLERANCE:g} × its max |value| "
+                f"{self.max_abs_value.get(name, 0.0):.3g})")
+
+    def to_json(self) -> dict[str, Any]:
+        """The proof's document (the ``fold`` CLI's ``proof``, the fold cache's), both backends'."""
+        return {**asdict(self), "bit_identical": self.bit_identical, "within_tolerance": self.within_tolerance,
+                "status": self.status, "headline": self.headline()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FoldProof:
+        """A stored proof; one stored before ``skipped`` existed is skipped when its reason says so."""
+        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for name in ("random_inputs", "draws", "shapes"):
+            fields[name] = tuple(fields.get(name, ()))
+        if "skipped" not in fields and not fields.get("checked"):
+            fields["skipped"] = str(fields.get("reason", "")).startswith(SKIPPED_REASONS)
+        return cls(**fields)
 
     def headline(self) -> str:
         if not self.checked:
-            return f"not checked: {self.reason}"
+            return f"{'not checked' if self.skipped else 'UNPROVEN, the proof could not run'}: {self.reason}"
         verdict = "bit-identical" if self.bit_identical else (
             f"max |Δ| {max(self.max_abs_diff.values()):.3g}" + ("" if self.within_tolerance else " (over tolerance)"))
         at = f", at {'; '.join(self.shapes)}" if self.shapes else ""
@@ -70,17 +110,6 @@ class FoldProof:
         return (f"{verdict} over {self.steps} {unit} in {self.engine} "
                 f"({len(self.max_abs_diff)} outputs and states, seed {self.seed}, inputs {self.roles}{at})")
 
-    def to_json(self) -> dict[str, Any]:
-        """The proof's document (the ``fold`` CLI's ``proof``, the fold cache's), both backends'."""
-        return {**asdict(self), "bit_identical": self.bit_identical, "within_tolerance": self.within_tolerance,
-                "headline": self.headline()}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> FoldProof:
-        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        for name in ("random_inputs", "draws", "shapes"):
-            fields[name] = tuple(fields.get(name, ()))
-        return cls(**fields)
 
 
 def compared(original: DecodeRun, folded: DecodeRun, steps: int, seed: int, roles: str, t0: float,
@@ -150,6 +179,14 @@ def _prove_function(original, folded, steps, seed, roles_path, function, t0, sha
     except QfoldError as e:
         return FoldProof(False, reason=str(e))
     return compared(ra, rb, steps, seed, how, t0, draws=draws, shapes=tuple(x.text for x in program.assumed_shapes))
+
+
+def refuse_failed(proof: FoldProof, what: str | Path) -> None:
+    """A fold whose proof ran and found the folded model computing something else is never kept or handed out:
+    raise, naming the output furthest off."""
+    if proof.status == "failed":
+        raise FoldError(f"{what}: the folded model does not compute what the original does: {proof.failure()}; "
+                        "nothing was kept")
 
 
 def folded_check(proof: FoldProof) -> EquivalenceCheck:

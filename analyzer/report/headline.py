@@ -14,6 +14,7 @@ from analyzer.analysis.accounting import CATEGORIES, BytesPerToken
 from analyzer.analysis.record import Analysis
 from analyzer.convert.launch import ASSET_NAME
 from analyzer.fold.cache import fold_record_of
+from analyzer.fold.proof import RELATIVE_TOLERANCE, FoldProof
 from analyzer.predict.bandwidth_model import predicted_tok_per_s
 from analyzer.report.assumptions import assumption_notes
 
@@ -38,6 +39,9 @@ class EquivalenceSummary:
     greedy_agree_steps: int | None  # the fewer of fp16's and fp32's agreeing steps
     checked: str = "torch"  # what ran: "torch", or "MIL interpreter, folded vs original"
     weights: str = ""  # which weights, when they are not the packages' own (compressed builds)
+    # a fold whose proof did not show equivalence: why ("UNPROVEN, the proof could not run: …", "FAILED: …");
+    # its figures above are then None and it is never shown as proven
+    unproven: str = ""
 
 
 def _comparable_spec(a: Analysis) -> tuple[Any, ...] | None:
@@ -85,8 +89,12 @@ def _fold_summary(a: Analysis, b: Analysis) -> EquivalenceSummary | None:
         if orig.build is None or folded.build is None or folded.build.extra.get("folded_from") != orig.build.key:
             continue
         check = folded.build.check("folded_vs_original")
-        if check is None or not check.checked:
+        if check is None:
             return None
+        if not check.checked or (check.max_abs_diff is not None and check.max_abs_value is not None
+                                 and check.max_abs_diff > RELATIVE_TOLERANCE * max(check.max_abs_value, 1e-6)):
+            return _unproven(a.build.spec.variant, b.build.spec.variant,  # type: ignore[union-attr]
+                             "MIL interpreter, folded vs original", check.steps, check.note)
         return EquivalenceSummary(
             variant_a=a.build.spec.variant, variant_b=b.build.spec.variant, steps=check.steps,  # type: ignore[union-attr]
             fp16_bit_identical=check.bit_identical, fp16_max_abs_diff=check.max_abs_diff,
@@ -106,20 +114,28 @@ def package_fold_summary(package_a, package_b) -> EquivalenceSummary | None:
         if record is None or orig is None or record.get("source_path") != str(Path(orig).resolve()):
             continue
         proof = record["proof"]
-        if not proof.get("checked"):
-            return None
+        engine = f"{proof.get('engine', 'the MIL interpreter').removeprefix('the ')}, folded vs original"
+        if FoldProof.from_json(proof).status != "proven":
+            return _unproven(names[0], names[1], engine, int(proof.get("steps", 0)), str(proof.get("headline", "")))
         return EquivalenceSummary(
             variant_a=names[0], variant_b=names[1], steps=int(proof["steps"]),
             fp16_bit_identical=bool(proof["bit_identical"]), fp16_max_abs_diff=max(proof["max_abs_diff"].values()),
-            fp32_max_abs_diff=None, greedy_agree_steps=None,
-            checked=f"{proof.get('engine', 'the MIL interpreter').removeprefix('the ')}, folded vs original")
+            fp32_max_abs_diff=None, greedy_agree_steps=None, checked=engine)
     return None
+
+
+def _unproven(variant_a: str, variant_b: str, checked: str, steps: int, why: str) -> EquivalenceSummary:
+    """A fold whose proof did not show equivalence, as the A/B page and the report must show it: unproven."""
+    return EquivalenceSummary(variant_a, variant_b, steps, None, None, None, None, checked=checked,
+                              unproven=why or "UNPROVEN: no proof was recorded")
 
 
 def equivalence_text(eq: EquivalenceSummary | None) -> str:
     """One line for the A/B page and the report: what was checked, on which weights, and the result."""
     if eq is None:
         return "not available for this pair (equivalence is checked between variants of one source)"
+    if eq.unproven:
+        return f"{eq.variant_a} vs {eq.variant_b}, {eq.checked}: NOT PROVEN — {eq.unproven}"
     fp16 = "bit-identical" if eq.fp16_bit_identical else f"max |Δ| {eq.fp16_max_abs_diff:.3g}"
     parts = [f"fp16 {fp16}"]
     if eq.fp32_max_abs_diff is not None:

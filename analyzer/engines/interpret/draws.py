@@ -68,13 +68,14 @@ def _indexed_tables(program: MilProgram) -> dict[str, list[tuple[int, str]]]:
                 src = carried.get(r.producer)
             if src is None:
                 continue
-            if op.type in _PASS and r.param == "x":
+            if op.kind in _PASS and r.param == "x":  # kind: a Core AI asset's ops too (coreai.gather_nd, …)
                 carried[op.index] = src
-            elif op.type in ("gather", "gather_along_axis") and r.param == "indices":
+            elif op.kind in ("gather", "gather_along_axis") and r.param == "indices":
                 table = next((x for x in op.inputs if x.param == "x"), None)
                 axis = next((x for x in op.inputs if x.param == "axis"), None)
-                is_table = table is not None and (table.is_const or (
-                    table.producer is not None and program.ops[table.producer].type.startswith("constexpr_")))
+                is_table = table is not None and (table.is_const or (table.producer is not None and (
+                    program.ops[table.producer].kind == "const"
+                    or program.ops[table.producer].type.startswith("constexpr_"))))
                 if is_table and table.tensor.shape:
                     ax = axis.value[0] if axis is not None and axis.value else 0
                     rows = table.tensor.shape[ax]

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from analyzer.engines.coreai.runtime import CoreAIRuntime
 from analyzer.engines.interpret import InputRoles, decode_steps, infer_roles, load_roles
+from analyzer.engines.interpret.draws import draw_steps, plan_draws
 from analyzer.errors import FoldError, QfoldError
 from analyzer.fold.fold_records import CopyDecision, FoldReport, FunctionBytes, WeightCheck
-from analyzer.fold.proof import DEFAULT_STEPS, FoldProof, compared
+from analyzer.fold.proof import DEFAULT_STEPS, NOT_REQUESTED, NOTHING_FOLDED, FoldProof, compared, refuse_failed
 from analyzer.fsio import replace_dir
 from analyzer.ir.coreai.asset import ASSET_SUFFIX, check_asset
 from analyzer.ir.coreai.native_child import asset_bytes, child_limit, run_module
@@ -51,20 +52,25 @@ def compare_constants(before: dict[str, int], after: dict[str, int]) -> WeightCh
 
 def prove_on_runtime(original: Path, folded: Path, steps: int = DEFAULT_STEPS, seed: int = 0,
                      roles: InputRoles | None = None, how: str = "inferred (qfold build)") -> FoldProof:
-    """Both assets for ``steps`` stateful decode steps on the Core AI runtime, the same seeded inputs."""
+    """Both assets for ``steps`` stateful decode steps on the Core AI runtime, the same seeded inputs: those the
+    input spec (``roles``) or qfold's own input names describe, else inputs drawn within what each can hold
+    (``analyzer.engines.interpret.draws``, read off the walked asset; each draw stated), as a package's proof
+    draws them: a folded program equals its original for any inputs."""
     t0 = time.monotonic()
+    draws: tuple[str, ...] = ()
     try:
         with CoreAIRuntime() as rt:
             a, b = rt.load(original), rt.load(folded)
             roles = roles or infer_roles(a)
-            if roles is None:
-                names = ", ".join(t.name for t in a.inputs)
-                return FoldProof(False, reason=f"cannot tell which inputs are token ids, positions and masks "
-                                               f"({names}); give an input spec", engine=ENGINE)
-            ra, rb = decode_steps(a, steps, roles, seed=seed), decode_steps(b, steps, roles, seed=seed)
+            if roles is not None:
+                ra, rb = decode_steps(a, steps, roles, seed=seed), decode_steps(b, steps, roles, seed=seed)
+            else:
+                plan = plan_draws(read_asset(original))
+                how, draws = "random draws (no input spec)", tuple(d.text for d in plan)
+                ra, rb = draw_steps(a, plan, steps, seed), draw_steps(b, plan, steps, seed)
     except QfoldError as e:
         return FoldProof(False, reason=str(e), engine=ENGINE)
-    return compared(ra, rb, steps, seed, how, t0, engine=ENGINE)
+    return compared(ra, rb, steps, seed, how, t0, engine=ENGINE, draws=draws)
 
 
 def function_bytes(before: Path, after: Path) -> tuple[FunctionBytes, ...]:
@@ -92,9 +98,10 @@ def _rewrite(src: Path, tmp: Path) -> dict:
 
 
 def fold_asset(src: str | Path, dst: str | Path, steps: int = DEFAULT_STEPS, seed: int = 0,
-               roles_path: str | Path | None = None, prove: bool = True) -> FoldReport:
+               roles_path: str | Path | None = None, prove: bool = True, keep_unproven: bool = True) -> FoldReport:
     """Fold every KV-replicating op of ``src`` into ``dst`` (replaced if it exists) and prove it on the runtime.
-    When nothing is folded, ``dst`` is a byte copy of ``src``."""
+    When nothing is folded, ``dst`` is a byte copy of ``src``. A fold the proof finds wrong is never written
+    (FoldError); one whose proof could not run is written only with ``keep_unproven``."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 
@@ -126,16 +133,18 @@ def fold_asset(src: str | Path, dst: str | Path, steps: int = DEFAULT_STEPS, see
                 raise FoldError(f"{src}: folding changed weight constant {weights.changed[0]!r}; "
                                 "the output was not kept")
             proof = (prove_on_runtime(src, tmp, steps, seed, roles, how) if prove
-                     else FoldProof(False, reason="not requested (--no-proof)", engine=ENGINE))
+                     else FoldProof(False, reason=NOT_REQUESTED, engine=ENGINE, skipped=True))
+            refuse_failed(proof, src)  # the temporary folder goes with it: nothing is kept
             lap("proof_s")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(src, tmp)
-            proof = FoldProof(False, reason="nothing was folded: the output is a byte copy of the input",
-                              engine=ENGINE)
+            proof = FoldProof(False, reason=NOTHING_FOLDED, engine=ENGINE, skipped=True)
         functions = function_bytes(src, tmp)
         lap("walk_s")
-        replace_dir(tmp, dst)
+        written = keep_unproven or proof.status != "unproven"
+        if written:
+            replace_dir(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return FoldReport("coreai", str(src), str(dst), PASS_NAME, PASS_VERSION, decisions, functions, weights, timings,

@@ -126,7 +126,7 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
         verdicts: dict[int, Replication | None] = {}
         proofs: dict[int, RepsProof | None] = {}
         for tile in list(tiles):
-            m, verdicts[id(tile)], proofs[id(tile)] = maybe_fold(tile, block, cache, finder)
+            m, verdicts[id(tile)], proofs[id(tile)] = self.match(tile, block, cache, finder)
             if tile.op_type != "tile" and (verdicts[id(tile)] is None or not verdicts[id(tile)].is_kv):
                 tiles.remove(tile)  # a gather or concat that copies no K/V heads is an ordinary op (opfacts.listed)
                 continue
@@ -145,6 +145,13 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
             self.decisions.append(self._decision(function, tile, rep, reason, verdicts[id(tile)], proofs[id(tile)],
                                                  finder.context))
         remove_dead(block, [*folder.region.admitted, *self._chain_ops(found.values())])
+
+    def match(self, tile: Operation, block: Block, cache: IndexCache, finder):
+        """What the rewrite does with one copy: the :class:`Replica` it folds (the source and, per use, the head
+        mapping the rewrite follows) or the :class:`Refusal`, the classifier's verdict and the proof of its repeats
+        over the flexible range (:func:`maybe_fold`). The one place the pass's decision is made, so a test can hand
+        the rewrite a wrong mapping and see the proof catch it."""
+        return maybe_fold(tile, block, cache, finder)
 
     @staticmethod
     def _chain_ops(replicas) -> list[Operation]:
