@@ -343,10 +343,15 @@ def test_input_mode_and_prefill_builds_match_core_ml(builds_root):
     assert got[3].program.inputs[0].shape == (1, 8) and len(got[3].program.states) == 2 * g.num_layers
 
 
-def test_a_foreign_aimodel_is_walked(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory) -> Path:
+    return foreign_asset(tmp_path_factory.mktemp("foreign") / "llama.aimodel")
+
+
+def test_a_foreign_aimodel_is_walked(foreign, capsys):
     """An asset converted from a stock Hugging Face forward (not qfold's step): inspect finds its layers and
     transformers' repeat_kv copies (K and V per layer, fp32) and infers a prefill of 8 tokens."""
-    asset = foreign_asset(tmp_path / "llama.aimodel")
+    asset = foreign
     capsys.readouterr()  # coreai-torch's progress line
     assert cli(["inspect", str(asset), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -358,6 +363,19 @@ def test_a_foreign_aimodel_is_walked(tmp_path, capsys):
         ((1, 2, 1, 8, 16), (1, 2, 2, 8, 16), "fp32")}
     assert doc["bytes_per_token"]["replication"] > 0 and doc["bytes_per_token"]["kv_read"] == 0  # no cache
     assert doc["unruled_op_types"] == ["coreai.scan"]  # HF's mask code: charged by the generic rule, and said
+
+
+def test_a_foreign_aimodel_is_folded_and_proven_on_drawn_inputs(foreign, capsys, tmp_path):
+    """No qfold input names, no input spec: the proof runs anyway, on inputs drawn within what each can hold
+    (token ids below the embedding's rows), as a package's does, and the fold is proven (issue 37)."""
+    capsys.readouterr()
+    assert cli(["fold", str(foreign), str(tmp_path / "folded.aimodel"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["tiles_found"], doc["tiles_folded"], doc["output_written"]) == (4, 4, True)
+    proof = doc["proof"]
+    assert proof["status"] == "proven" and proof["roles"] == "random draws (no input spec)" and proof["steps"] == 4
+    assert [d.split(":")[0] for d in proof["draws"]] == ["input_ids int32[1,8]"]
+    assert "token ids uniform in [0, 128) (the rows of embedding" in proof["draws"][0]  # vocab 128, read off it
 
 
 def test_analysis_mode_walks_as_the_materialised_build(coreai_builds, builds_root):
