@@ -224,9 +224,13 @@ def build_cases(root: Path) -> dict[str, Case]:
     cases["diff:declared-shape-2^40-is-analysed"] = Case(["diff", str(huge), str(gqa), "--json"], 0, r"")
     ceiling = root / "ceiling"  # not under out/: this fold is written (its proof is what the ceiling refuses)
     ceiling.mkdir()
-    cases["fold:proof-past-the-array-ceiling"] = Case(
-        ["fold", str(gqa), str(ceiling / "folded.mlpackage"), "--builds-dir", str(ceiling / "builds"), "--json"], 0,
-        r"", env={"QFOLD_MAX_ARRAY_BYTES": "256"})
+    cases["fold:proof-past-the-array-ceiling"] = Case(  # unproven: written only when allowed (issue 37)
+        ["fold", str(gqa), str(ceiling / "folded.mlpackage"), "--builds-dir", str(ceiling / "builds"), "--json",
+         "--allow-unproven"], 0, r"", env={"QFOLD_MAX_ARRAY_BYTES": "256"})
+    cases["fold:unproven-is-not-written-without-allow"] = Case(
+        ["fold", str(gqa), str(out / "unproven.mlpackage"), "--builds-dir", str(ceiling / "refused-builds")], 1,
+        r"gqa\.mlpackage: the fold could not be proven \(.*more than the 256 an interpreter array may take.*\); "
+        r".*unproven\.mlpackage was not written \(--allow-unproven", env={"QFOLD_MAX_ARRAY_BYTES": "256"})
     cases["run:npz-member-past-the-cap-uncompressed"] = Case(
         run(gqa, "--inputs", _padded_member(inp / "padded.npz")), 1,
         r"padded.npz: .*member 'k': 17,\d{3} bytes uncompressed, more than the 4,096 an array may take",

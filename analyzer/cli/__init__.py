@@ -16,9 +16,13 @@ Contract (scripts depend on these names):
   explore TARGET [TARGET_B] [--function F] [--shape N=D,...] [--plan A=PLAN] [--plan B=PLAN] [--out DIR]
           [--port P] [--no-browser]      Model Explorer: --out writes the files and prints the command that opens
                                       them; otherwise serves them on 127.0.0.1:P (8080) until Ctrl-C, URL on stdout
-  fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof] [--strict]
-  fold IN.aimodel OUT.aimodel [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof] [--strict]
-                                          IN: also a Core AI build folder (its model.aimodel)
+  fold IN.mlpackage OUT.mlpackage [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
+       [--allow-unproven] [--strict]
+  fold IN.aimodel OUT.aimodel [--json] [--steps N] [--seed S] [--input-spec SPEC.json] [--no-proof]
+       [--allow-unproven] [--strict]
+                                          IN: also a Core AI build folder (its model.aimodel); a proof outside
+                                          tolerance exits 1 (nothing written or cached); one that cannot run
+                                          exits 1 unless --allow-unproven or --no-proof
   A figure that could not be computed (a flexible program the interpreter cannot size, a copy op without a size or
   a verdict) is a warning on stderr, sized: false in --json; --strict makes it an error (exit 1).
   run PKG --inputs IN.npz --out OUT.npz [--states S.npz] [--function NAME]
