@@ -109,8 +109,11 @@ with st.container(border=True):
         st.stop()
     stem = file_stem(ref)
     total = analysis.bytes_per_token.total
-    st.markdown(f"{analysis.summary.total_ops:,} ops · {analysis.summary.tile_count} tile ops · "
-                f"{fmt.size(total, 'auto', None)} ({fmt.size(total, 'auto-si', None)}) per token")
+    per_token = (f"{fmt.size(total, 'auto', None)} ({fmt.size(total, 'auto-si', None)}) per token"
+                 if analysis.sizing.sized else "bytes per token could not be sized")
+    st.markdown(f"{analysis.summary.total_ops:,} ops · {analysis.summary.tile_count} tile ops · {per_token}")
+    for reason in analysis.sizing.reasons:  # names come from the package: escaped
+        st.warning(fmt.md_text(for_ui(reason)), icon=":material/warning:")
     for note in assumption_notes(analysis):
         st.caption(f"Assumed — {note}")
 
