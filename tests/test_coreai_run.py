@@ -99,7 +99,7 @@ def test_fold_cli_json_and_nothing_to_fold(assets, tmp_path, capsys):
     assert main(["fold", str(a["repeat_kv_float32"]), str(tmp_path / "f.aimodel"), "--json", "--steps", "4"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["backend"] == "coreai" and doc["tiles_folded"] == 4 and doc["proof"]["bit_identical"]
-    assert set(doc) == {"input", "output", *FOLD_REPORT_KEYS, "proof"}  # a package's document, without a cache
+    assert set(doc) == {"input", "output", *FOLD_REPORT_KEYS, "proof", "output_written"}  # a package's, no cache
     assert main(["fold", str(a["qfold_float32"]), str(tmp_path / "q.aimodel")]) == 0
     assert "nothing to fold" in capsys.readouterr().out
     assert _digest(tmp_path / "q.aimodel") == _digest(a["qfold_float32"])  # a byte copy

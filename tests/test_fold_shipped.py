@@ -169,7 +169,8 @@ def test_cli_runs_without_traceback(shipped, tmp_path, capsys):
     assert main(["fold", str(src), str(out), "--json", "--builds-dir", str(tmp_path / "b")]) == 0
     doc = json.loads(capsys.readouterr().out)  # strict JSON: no symbolic value anywhere
     assert doc["tiles_folded"] == 4 and doc["proof"]["bit_identical"] and doc["proof"]["draws"]
-    assert set(doc) == {"input", "output", "cache", *FOLD_REPORT_KEYS, "proof"} and doc["backend"] == "coreml"
+    assert set(doc) == {"input", "output", "cache", *FOLD_REPORT_KEYS, "proof", "output_written"} and \
+        doc["backend"] == "coreml"
     ins = tmp_path / "in.npz"
     np.savez(ins, inputIds=np.array([[1, 2, 3]], dtype=np.int32), causalMask=np.zeros((1, 1, 3, 6), np.float16))
     for pkg, name in ((src, "a.npz"), (dst, "b.npz")):
