@@ -143,3 +143,26 @@ def test_a_repeat_kv_fold_build_with_an_unproven_fold_is_shown_unproven():
     assert eq is not None and eq.unproven == check.note
     assert equivalence_text(eq).startswith("repeat_kv vs repeat_kv+fold, MIL interpreter, folded vs original: NOT "
                                            "PROVEN — UNPROVEN, the proof could not run: op 'x'")
+
+
+def test_the_dashboard_folds_a_package_it_cannot_prove_and_says_so(packages, builds_root, monkeypatch):
+    """Builds → "Fold it" of a package the interpreter cannot run: a warning saying the fold is UNPROVEN and why,
+    never a success; the A/B page's equivalence is NOT PROVEN, with the reason."""
+    from tests.test_app import open_page, texts
+
+    pooled = str(Path(packages[1]).resolve())
+    monkeypatch.setenv("QFOLD_DATA_ROOTS", str(Path(pooled).parent))
+    at = open_page("app_pages/builds.py", builds_packages=[pooled])
+    at.selectbox(key="builds_fold_pick").set_value(pooled)
+    next(b for b in at.button if b.label == "Fold it").click()
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    warned = " ".join(texts(at.warning))
+    assert "2 of 2 tile ops folded" in warned and "UNPROVEN, the proof could not run" in warned, warned
+    assert "avg_pool" in warned and "UNPROVEN" not in " ".join(texts(at.success))
+    at.switch_page("app_pages/ab.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    warned = " ".join(texts(at.warning))
+    assert "Equivalence**: original vs folded, MIL interpreter, folded vs original: NOT PROVEN — UNPROVEN" in warned
+    assert not any("Equivalence" in t for t in texts(at.success))

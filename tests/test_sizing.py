@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from analyzer.analysis.record import (
@@ -178,7 +180,37 @@ def test_the_ab_headline_says_could_not_be_sized_instead_of_a_number(packages):
         assert cards[key].value.startswith(f"{NOT_SIZED} → ") and cards[key].delta is None, key
         assert CAUSE in cards[key].help
     frame = headline_frame(h).set_index("what")
-    assert frame.loc["sized", "a"] is False or frame.loc["sized", "a"] == False  # noqa: E712
-    assert frame.loc["bytes per token: total", "a"] is None and frame.loc["bytes per token: total", "b"] > 0
+    assert (frame.loc["sized", "a"], frame.loc["sized", "b"]) == (0, 1)
+    assert pd.isna(frame.loc["bytes per token: total", "a"]) and frame.loc["bytes per token: total", "b"] > 0
     same = {c.key: c for c in headline_cards(ab_headline(fixed, fixed, bw_bytes_per_s=60e9))}
     assert NOT_SIZED not in " ".join(c.value for c in same.values())
+
+
+def test_the_dashboard_says_could_not_be_sized_where_the_figures_are(packages, builds_root, monkeypatch):
+    """Builds → analyse the package that cannot be sized: a warning (not a success) with the cause; the A/B page
+    against its static twin: "could not be sized" in the byte and speed cards and the cause above them."""
+    from tests.test_app import open_page, texts
+
+    flex, fixed = (str(Path(p).resolve()) for p in packages[:2])
+    monkeypatch.setenv("QFOLD_DATA_ROOTS", str(Path(flex).parent))
+    at = open_page("app_pages/builds.py")
+    for package in (fixed, flex):
+        at.text_input(key="builds_package_path").input(package)
+        next(b for b in at.button if b.label == "Analyse").click()
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+    warned = " ".join(texts(at.warning))
+    assert "2 tile ops (2 unsized), bytes per call could not be sized" in warned and CAUSE in warned, warned
+    at.session_state["ab_a"], at.session_state["ab_b"] = f"package:{flex}", f"package:{fixed}"
+    at.switch_page("app_pages/ab.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["tile ops, A → B"] == "2 (2 unsized) → 2"
+    assert metrics["bytes per token, A → B"].startswith(f"{NOT_SIZED} → ")
+    assert any(v.startswith(f"{NOT_SIZED} → ") for k, v in metrics.items() if k.startswith("predicted tok/s"))
+    assert any(t.startswith("A could not be sized: not sized: the MIL interpreter") for t in texts(at.warning))
+    at.session_state["ab_tab"] = "Tiles"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("2 tile ops, 2 unsized, output could not be sized" in t for t in texts(at.markdown))

@@ -240,7 +240,7 @@ def headline_frame(h: ABHeadline) -> pd.DataFrame:
 
     ok_a, ok_b = h.unsized_reason_a is None, h.unsized_reason_b is None
     rows = [
-        row("sized", ok_a, ok_b, "could every figure be computed (analyzer/analysis/sizing.py)"),
+        row("sized", int(ok_a), int(ok_b), "1: every figure computed, 0: not (analyzer/analysis/sizing.py)"),
         row("tile ops", h.tiles_a, h.tiles_b, "ops"),
         row("unsized copies", h.unsized_copies_a, h.unsized_copies_b, "ops without a size or a verdict"),
         row("tile output", *sized(h.tile_bytes_a, h.tile_bytes_b, not h.unsized_copies_a, not h.unsized_copies_b),
