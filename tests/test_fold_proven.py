@@ -94,6 +94,23 @@ def test_a_fold_whose_proof_fails_exits_1_and_leaves_nothing(packages, capsys, t
     assert _entries(builds) == []
 
 
+def test_a_fold_cached_without_its_proof_is_proven_when_asked_and_dropped_when_wrong(packages, capsys, tmp_path,
+                                                                                    monkeypatch, wrong_head_mapping):
+    """``--no-proof`` caches the (here wrong) fold unverified, by the user's choice; the next fold that asks for the
+    proof runs it on the cached entry, finds it wrong, exits 1 and removes the entry."""
+    builds = tmp_path / "builds"
+    code, out, _ = _cli(capsys, "fold", packages[0], str(tmp_path / "u.mlpackage"), "--no-proof", "--json",
+                        "--builds-dir", str(builds))
+    assert code == 0 and json.loads(out)["proof"]["status"] == "skipped" and len(_entries(builds)) == 1
+    monkeypatch.undo()  # the pass is right again: only the cached entry is wrong
+    code, out, err = _cli(capsys, "fold", packages[0], str(tmp_path / "p.mlpackage"), "--builds-dir", str(builds))
+    assert code == 1 and "does not compute what the original does" in err and _entries(builds) == []
+    assert not (tmp_path / "p.mlpackage").exists()
+    code, out, _ = _cli(capsys, "fold", packages[0], str(tmp_path / "p.mlpackage"), "--json",
+                        "--builds-dir", str(builds))
+    assert code == 0 and json.loads(out)["proof"]["status"] == "proven"  # folded again, right this time
+
+
 def test_a_fold_whose_proof_cannot_run_is_refused_unless_allowed(packages, capsys, tmp_path):
     pooled, builds = packages[1], str(tmp_path / "builds")
     out_pkg = tmp_path / "f.mlpackage"

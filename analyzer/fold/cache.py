@@ -147,7 +147,8 @@ def fold_cached(src: str | Path, root: str | Path | None = None, steps: int = DE
     request = _proof_request(steps, seed, roles_path)
 
     def reuse(record: dict[str, Any], folder: Path) -> dict[str, Any]:
-        if prove and record.get("proof_request") != request and record["report"]["changed"]:
+        if prove and record["report"]["changed"] and (record.get("proof_request") != request
+                                                      or _never_proven(record)):
             proof = prove_fold(pkg, folder / PACKAGE_NAME, steps, seed, roles_path, shapes=shapes)
             if proof.status == "failed":  # proven wrong now: the entry is not kept either
                 shutil.rmtree(folder, ignore_errors=True)
@@ -183,9 +184,9 @@ def _fold_asset_cached(asset: Path, parent: Path, steps: int, seed: int, roles_p
     request = _proof_request(steps, seed, roles_path)
 
     def reuse(record: dict[str, Any], folder: Path) -> dict[str, Any] | None:
-        if record.get("proof_request") == request or not prove or not record["report"]["changed"]:
+        if not prove or not record["report"]["changed"]:
             return record
-        return None
+        return record if record.get("proof_request") == request and not _never_proven(record) else None
 
     def make(tmp: Path) -> dict[str, Any]:
         report = asset_fold.fold_asset(asset, tmp / ASSET_NAME, steps, seed, roles_path, prove)
@@ -195,6 +196,12 @@ def _fold_asset_cached(asset: Path, parent: Path, steps: int, seed: int, roles_p
                 "proof": report.proof.to_json(), "proof_request": request}
 
     return _cache_entry(parent, key, ASSET_NAME, t0, reuse, make)
+
+
+def _never_proven(record: dict[str, Any]) -> bool:
+    """A cached fold made with ``--no-proof``: a request that asks for the proof runs it (never hands the unproven
+    fold out as if the proof had been skipped on purpose)."""
+    return FoldProof.from_json(record["proof"]).status == "skipped"
 
 
 def _cache_entry(parent: Path, key: str, artifact: str, t0: float,
