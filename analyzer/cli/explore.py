@@ -21,7 +21,7 @@ from pathlib import Path
 
 from analyzer.analysis.record import Analysis, load_analyses, load_analysis
 from analyzer.analysis.shapes import shapes_label
-from analyzer.cli.common import add_shape_option, check_shape_names, positive_int, shapes_of
+from analyzer.cli.common import add_shape_option, check_shape_names, positive_int, shapes_of, warn_unsized, where_of
 from analyzer.cli.diff import side_values
 from analyzer.cli.graph import label_of
 from analyzer.cli.placement import join_for_cli
@@ -62,7 +62,9 @@ def _analyses(path: str, args) -> tuple[Analysis, ...]:
 
 def _side(path: str, analyses: tuple[Analysis, ...], plan: str | None) -> mx.ExploreSide:
     join = join_for_cli(plan, analyses[0]) if plan else None
-    return mx.ExploreSide(label_of(path) + shapes_label(analyses[0].program.assumed_shapes), analyses, join, path)
+    unsized = "" if analyses[0].sizing.sized else " (NOT SIZED)"
+    return mx.ExploreSide(label_of(path) + shapes_label(analyses[0].program.assumed_shapes) + unsized, analyses, join,
+                          path)
 
 
 def _summary(bundle: mx.Bundle, sides: list[mx.ExploreSide]) -> None:
@@ -106,6 +108,8 @@ def cmd_explore(args) -> int:
     side_a = _analyses(args.a, args)
     side_b = _analyses(args.b, args) if args.b else None
     check_shape_names(args, *(x.program for x in (*side_a, *(side_b or ()))))
+    warn_unsized((f"{key} {where_of(path, x.function, len(side) > 1)}", x.sizing)  # its overlays leave it out
+                 for key, path, side in (("A", args.a, side_a), ("B", args.b, side_b or ())) for x in side)
     sides = [_side(args.a, side_a, plans.get("A"))] + ([_side(args.b, side_b, plans.get("B"))] if side_b else [])
     bundle = mx.build_bundle(*sides, progress=_say)
     if not serve:
