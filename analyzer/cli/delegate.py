@@ -31,6 +31,7 @@ from analyzer.convert.builds_folder import key_lock, tmp_folder
 from analyzer.convert.launch import ASSET_NAME, PACKAGE_NAME, REPO_ROOT, TIMEOUT_FACTOR, TIMEOUT_FIXED_S, child_env
 from analyzer.errors import QfoldError
 from analyzer.fold.cache import FOLD_FILE, FOLDS_DIR
+from analyzer.fold.fold_records import nothing_folded
 from analyzer.fold.proof import FoldProof
 from analyzer.ir.coreai.native_child import asset_bytes
 from analyzer.measure.bench import BenchResult
@@ -130,18 +131,21 @@ class Folded:
     exit_code: int
     error: str
 
+    @property
+    def proof(self) -> FoldProof:
+        return FoldProof.from_json(self.doc["proof"])
+
     def summary(self) -> str:
         """One line for the UI (as ``FoldResult.summary``): copies, bytes per token of the first function, the
-        proof."""
+        proof (an unproven one said to be)."""
         r = self.doc
         ops = "replication ops" if r.get("backend") == "coreai" else "tile ops"
         if not r["changed"]:
-            return f"nothing to fold: {r['tiles_found']} {ops}, none copies K/V for attention"
+            return nothing_folded(r)
         f = r["functions"][0]
         before, after = f["before"]["total"], f["after"]["total"]
         return (f"{r['tiles_folded']} of {r['tiles_found']} {ops} folded; bytes per token "
-                f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: "
-                f"{FoldProof.from_json(r['proof']).headline()}")
+                f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: {self.proof.headline()}")
 
 
 def fold_in_child(src: str | Path, root: Path, roles_path: str | None = None,
@@ -157,7 +161,9 @@ def fold_in_child(src: str | Path, root: Path, roles_path: str | None = None,
     size = asset_bytes(src)
     limit = _limit(FOLD_SECONDS_PER_GB * size / 1e9, f"for {size / 1e9:.2f} GB")
     tag = hashlib.sha256(f"{src.resolve()}|{sorted((shapes or {}).items())}|{roles_path}".encode()).hexdigest()[:16]
-    options = [*(["--input-spec", roles_path] if roles_path else []),
+    # --allow-unproven: a fold whose proof could not run is kept and shown as unproven (the page says so), never
+    # hidden; one the proof finds wrong is refused by the command whatever the flags, and nothing is cached
+    options = ["--allow-unproven", *(["--input-spec", roles_path] if roles_path else []),
                *(f"--shape={n}={','.join(map(str, d))}" for n, d in (shapes or {}).items())]
     if asset:
         return _fold_asset_in_child(src, root / FOLDS_DIR, f"dashboard-{tag}", options, limit, on_line)
