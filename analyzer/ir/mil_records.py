@@ -52,6 +52,18 @@ class TensorInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexProfile:
+    """What a Core AI gather's constant index selects (``analyzer.ir.coreai.index_profile``, read by the walk): for a
+    ``gather_along_axis``, the index's value at each position of ``axis`` (it is the same at every position of the
+    other axes: coreai-torch's ``index_select``); for a ``gather_nd``, ``axis`` None and ``values`` its rows,
+    flattened. ``values`` None when they could not be read, and ``why``."""
+
+    axis: int | None
+    values: tuple[int, ...] | None
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class InputRef:
     param: str  # the op's input parameter ("x", "weight", "reps", ...)
     tensor: TensorInfo
@@ -61,6 +73,8 @@ class InputRef:
     # small integer/bool constants (perm, reps, shape, axes, transpose flags) as read from the package, for the
     # facts derived from them (opfacts); not stored in analyses (the facts are), so not compared
     value: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    # a Core AI gather's index: what it selects (its values are too many to keep); not stored either
+    profile: IndexProfile | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +149,7 @@ class MilProgram:
     def tiles(self) -> list[OpRecord]:
         """Ops that copy data into a larger tensor, whatever op makes the copy: MIL ``tile``; Core AI ``tile``,
         ``broadcast_in_dims``, ...; and a ``gather`` or ``concat`` the walk found repeating its input
-        (``analyzer.ir.opfacts.copy_step``: its ``tile_kind`` is set)."""
+        (``analyzer.ir.opfacts.copy_steps``: its ``tile_kind`` is set)."""
         return [op for op in self.ops if op.kind == "tile" or op.tile_kind is not None]
 
     @property

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, replace
 from itertools import permutations
 
+import numpy as np
+
 from analyzer.ir.layer_order import order_layers
 from analyzer.ir.mil_records import VIEW_OPS, InputRef, OpRecord, consumer_map
 from analyzer.ir.replication import (
@@ -45,6 +47,7 @@ _OUTSIDE_LAYERS = re.compile(r"lm_head|embed_tokens|(?:^|_)wte(?:_|$)|(?:^|_)nor
 # Ops a copy may pass through on its way to attention (each only moves elements: a view, a layout transpose, a
 # cast) and the ones a source may lie behind (not a cast: values).
 _CHAIN = VIEW_OPS | {"transpose", "cast"}
+CORE_AI_GATHERS = ("coreai.gather_along_axis", "coreai.gather_nd")  # gathers whose index the walk profiles
 _SOURCE_WALK = VIEW_OPS | {"transpose"}
 
 
@@ -131,7 +134,7 @@ class CopyVerdict:
 
 
 def classify_copies(ops: list[OpRecord]) -> list[OpRecord]:
-    """A copy (:func:`copy_step`: a tile, a repeating gather, a concat of one tensor) is ``kv_replication`` when
+    """A copy (:func:`copy_steps`: a tile, a repeating gather, a concat of one tensor) is ``kv_replication`` when
     :func:`analyzer.ir.replication.classify_copy` says it copies whole K/V heads for attention (the facts read off
     the records by :func:`copy_facts`), else ``other`` (a gather or concat that is not KV replication keeps
     ``tile_kind`` None: :func:`listed`); any other op keeps ``tile_kind`` None."""
@@ -143,8 +146,9 @@ def classify_copies(ops: list[OpRecord]) -> list[OpRecord]:
 def listed(op: OpRecord, verdict: CopyVerdict) -> bool:
     """Whether a copy is one of the program's copies (``MilProgram.tiles``): every tile or broadcast; a gather or
     concat only when it copies K/V heads (``cat(freqs, freqs)`` of a RoPE table repeats its input too, and is an
-    ordinary op, as it always was)."""
-    return op.kind == "tile" or verdict.kind == "kv_replication"
+    ordinary op, as it always was), or when it may and its index could not be read (:func:`unread_copy`: listed,
+    not classified, with why)."""
+    return op.kind == "tile" or verdict.kind == "kv_replication" or unread_copy(op) is not None
 
 
 def copy_verdicts(ops) -> dict[int, CopyVerdict]:
@@ -153,8 +157,8 @@ def copy_verdicts(ops) -> dict[int, CopyVerdict]:
     cache = IndexCache()
     out = {}
     for op in ops:
-        own = copy_step(op)
-        if own is None and op.kind != "tile":
+        own = copy_steps(op)
+        if own is None and op.kind != "tile" and unread_copy(op) is None:
             continue
         facts = copy_facts(ops, consumers, op)
         if isinstance(facts, str):
@@ -165,19 +169,24 @@ def copy_verdicts(ops) -> dict[int, CopyVerdict]:
             reason = verdict.reason if not verdict.is_kv else (
                 f"copies whole K/V heads for attention: {verdict.query_heads} query heads read {verdict.kv_heads} "
                 f"KV heads (G = {verdict.group})")
-        reps = own.reps if own is not None and own.kind == "tile" and op.kind == "tile" else None
+        reps = own[0].reps if own is not None and own[0].kind == "tile" and op.kind == "tile" else None
         ref = _ref(op, "reps")
         reps_from = None if reps is None else "constant" if ref is None or ref.is_const else "program"
         out[op.index] = CopyVerdict(kind, reason, reps, reps_from)
     return out
 
 
-def copy_step(op: OpRecord) -> ViewStep | None:
-    """The op's own step when it copies elements into a larger tensor, else None: a tile or broadcast (its
+def copy_steps(op: OpRecord) -> tuple[ViewStep, ...] | None:
+    """The op's own steps when it copies elements into a larger tensor, else None: a tile or broadcast (its
     repeats constant, or computed and sized at the stated shapes), a ``gather`` whose constant index repeats an
-    element (``index_select``), a ``concat`` of one tensor n times (interleaved: each element n times in a row)."""
+    element (``index_select``; Core AI's ``gather_along_axis`` whose index profile does, and ``gather_nd``: a
+    reshape, a gather of rows, a reshape), a ``concat`` of one tensor n times (interleaved: each element n times in
+    a row)."""
     if op.kind == "tile":
-        return _step(op)
+        step = _step(op)
+        return None if step is None else (step,)
+    if op.type in CORE_AI_GATHERS:
+        return _core_ai_gather(op)
     if not op.outputs or any(d is None for d in op.outputs[0].shape):
         return None
     out = _dims(op.outputs[0].shape)
@@ -191,7 +200,7 @@ def copy_step(op: OpRecord) -> ViewStep | None:
         size = x.tensor.shape[a]
         if size is None or len(set(idx.value)) == len(idx.value):
             return None  # a permutation (or a gather at a computed size) copies nothing twice
-        return ViewStep("gather", out, axis=a, indices=tuple(i % size for i in idx.value))
+        return (ViewStep("gather", out, axis=a, indices=tuple(i % size for i in idx.value)),)
     if op.kind == "concat":
         values = [r for r in op.inputs if r.param.startswith("values")]
         axis, inter = _ref(op, "axis"), _ref(op, "interleave")
@@ -207,9 +216,58 @@ def copy_step(op: OpRecord) -> ViewStep | None:
             return None
         if inter is not None and inter.value and inter.value[0]:  # element i of the axis n times in a row
             size = out[a] // n
-            return ViewStep("gather", out, axis=a, indices=tuple(j // n for j in range(size * n)))
-        return ViewStep("tile", out, reps=tuple(n if ax == a else 1 for ax in range(rank)))
+            return (ViewStep("gather", out, axis=a, indices=tuple(j // n for j in range(size * n))),)
+        return (ViewStep("tile", out, reps=tuple(n if ax == a else 1 for ax in range(rank))),)
     return None
+
+
+def _core_ai_gather(op: OpRecord) -> tuple[ViewStep, ...] | None:
+    """A Core AI gather's steps, from its index profile (``IndexProfile``, read by the walk), or None."""
+    x, idx = _ref(op, "x"), _ref(op, "indices")
+    prof = idx.profile if idx is not None else None
+    if x is None or x.is_const or prof is None or prof.values is None or not op.outputs:
+        return None
+    return gather_steps(op.type, x.tensor.shape, idx.tensor.shape, op.outputs[0].shape, prof.axis, prof.values)
+
+
+def gather_steps(op_type: str, x: tuple[int | None, ...], index: tuple[int | None, ...], out: tuple[int | None, ...],
+                 axis: int | None, values: tuple[int, ...]) -> tuple[ViewStep, ...] | None:
+    """The steps of a Core AI gather that copies whole slices, from what its index selects (``IndexProfile``), else
+    None (it repeats nothing, or selects parts of slices). ``coreai.gather_along_axis`` whose index is one value per
+    position of ``axis``, the same along every other axis (``index_select``): a gather along the axis;
+    ``coreai.gather_nd`` of whole slices (``k[:, idx]``, ``values`` its index rows flattened): the leading axes it
+    indexes merged, a gather of rows, the result's shape. Shared by the walk's records and the Core AI rewrite."""
+    if op_type == "coreai.gather_along_axis":
+        if axis is None or len(index) != len(x) or x[axis] is None or index[axis] != len(values) or any(
+                i != s for d, (i, s) in enumerate(zip(index, x, strict=True)) if d != axis):
+            return None  # an index over part of another axis gathers and slices: not a copy of whole slices
+        if len(set(values)) == len(values):
+            return None  # a permutation copies nothing twice
+        return (ViewStep("gather", _dims(out), axis=axis, indices=tuple(v % x[axis] for v in values)),)
+    depth = index[-1] if index else None
+    if depth is None or not 0 < depth <= len(x) or any(d is None for d in (*x[:depth], *index)) or (
+            int(np.prod(index)) != len(values)):
+        return None
+    lead = tuple(int(d) for d in x[:depth])
+    rows = np.asarray(values, dtype=np.int64).reshape(-1, depth) % np.asarray(lead, dtype=np.int64)
+    flat = tuple(int(i) for i in np.ravel_multi_index(tuple(rows.T), lead))
+    if len(set(flat)) == len(flat):
+        return None
+    rest = _dims(x[depth:])
+    return (ViewStep("reshape", (int(np.prod(lead)), *rest)),
+            ViewStep("gather", (len(flat), *rest), axis=0, indices=flat), ViewStep("reshape", _dims(out)))
+
+
+def unread_copy(op: OpRecord) -> str | None:
+    """Why a Core AI gather that may copy K/V heads was not classified, else None: its output holds more elements
+    than its input (so it repeats some) and its index could not be read (computed at run time, too large, varying
+    along another axis, its blob not found: the walk's ``IndexProfile.why``)."""
+    x, idx = _ref(op, "x"), _ref(op, "indices")
+    if op.type not in CORE_AI_GATHERS or x is None or x.is_const or idx is None or idx.profile is None or (
+            idx.profile.values is not None) or not op.outputs:
+        return None
+    grows = int(np.prod(_dims(op.outputs[0].shape))) > int(np.prod(_dims(x.tensor.shape)))
+    return f"not classified: {idx.profile.why}" if grows else None
 
 
 # ------------------------------------------------------------------------------------------------ copy facts
@@ -270,11 +328,11 @@ def copy_facts(ops, consumers: dict[int, list[int]], tile: OpRecord) -> CopyFact
     the chain reads) and every operand it reaches through views, transposes and casts; or why the facts cannot
     be read."""
     x = _ref(tile, "x") or next((r for r in tile.inputs if r.param.startswith("values")), None)
-    own = copy_step(tile)
+    own = copy_steps(tile)
     if x is None or own is None or not tile.outputs:
-        return "its input or repeats cannot be read (computed at run time, and not sized)"
-    sources = [SourceCandidate(_dims(x.tensor.shape), (own,), 0)]
-    ref, steps, depth = x, (own,), 0
+        return unread_copy(tile) or "its input or repeats cannot be read (computed at run time, and not sized)"
+    sources = [SourceCandidate(_dims(x.tensor.shape), own, 0)]
+    ref, steps, depth = x, own, 0
     while ref.producer is not None:
         op = ops[ref.producer]
         if op.kind not in _SOURCE_WALK or len(op.outputs) != 1 or len(consumers[op.index]) != 1:

@@ -42,10 +42,12 @@ import numpy as np
 
 from analyzer.fold.fold_records import CopyDecision, Refusal
 from analyzer.ir import replication as rp
-from analyzer.ir.coreai.asset import check_asset
+from analyzer.ir.coreai.asset import PROGRAM_FILE, check_asset
+from analyzer.ir.coreai.index_profile import GATHERS, ConstantReader, gather_profile
 from analyzer.ir.coreai.op_ids import CALLEE, OP_ID
+from analyzer.ir.opfacts import gather_steps
 
-REPLICATING = ("coreai.broadcast_in_dims", "coreai.tile")  # and a coreai.concat of one value (_is_copy)
+REPLICATING = ("coreai.broadcast_in_dims", "coreai.tile")  # a concat of one value, a repeating gather (_own_steps)
 CHAIN = ("coreai.reshape", "coreai.transpose")  # ops that only move elements between the copy and the matmul
 MATMUL = "coreai.decomposable.broadcasting_batch_matmul"
 _RESOURCE = re.compile(r"dense_resource<([\w.$-]+)>")
@@ -101,10 +103,24 @@ def _walk_graphs(module):
                     yield from visit(op, name, composite)
 
 
-def _is_copy(op) -> bool:
-    """A tile or broadcast, or a ``coreai.concat(axis, x, x, …)`` of one value (``torch.cat([k] * G)``)."""
+def _own_steps(op, reader: ConstantReader) -> tuple[rp.ViewStep, ...] | Refusal | None:
+    """The copy's own steps when ``op`` may copy (a tile, a broadcast, a ``concat(axis, x, x, …)`` of one value:
+    ``torch.cat([k] * G)``, a gather whose constant index repeats slices: ``index_select``, ``k[:, idx]``), a
+    Refusal when it is a gather that may copy and whose index cannot be read (listed as not classified, as the
+    walk's ``opfacts.unread_copy``), else None."""
+    if op.name in GATHERS:
+        x, out, index = _shape(op.operands[0]), _shape(op.results[0]), _shape(op.operands[1])
+        if x is None or out is None or index is None or getattr(op.operands[0].owner, "name", "") == "coreai.constant":
+            return None
+        prof = gather_profile(op, reader)
+        if prof["values"] is None:
+            return Refusal(f"not classified: {prof['why']}") if np.prod(out) > np.prod(x) else None
+        return gather_steps(op.name, x, index, out, prof["axis"], tuple(prof["values"]))
     values = list(op.operands)[1:] if op.name == "coreai.concat" else []
-    return op.name in REPLICATING or (len(values) > 1 and all(v == values[0] for v in values))
+    if op.name in REPLICATING or (len(values) > 1 and all(v == values[0] for v in values)):
+        step = _view_step(op)
+        return (step,) if step is not None else ()  # () : its shapes are not static (copy_facts says so)
+    return None
 
 
 def _data(op):
@@ -112,9 +128,9 @@ def _data(op):
     return op.operands[1] if op.name == "coreai.concat" else op.operands[0]
 
 
-def _copies_kv(op, cache: rp.IndexCache) -> bool:
+def _copies_kv(op, own: tuple[rp.ViewStep, ...], cache: rp.IndexCache) -> bool:
     """Whether the classifier calls the copy KV replication (whatever the rewrite then makes of it)."""
-    found = copy_facts(op)
+    found = copy_facts(op, own)
     return not isinstance(found, Refusal) and rp.classify_copy(found[0], cache).is_kv
 
 
@@ -162,12 +178,14 @@ def _sources(rep) -> list[tuple[object, list]]:
         value, path = owner.operands[0], [owner, *path]
 
 
-def copy_facts(rep) -> tuple[rp.CopyFacts, list, list] | Refusal:
+def copy_facts(rep, own: tuple[rp.ViewStep, ...]) -> tuple[rp.CopyFacts, list, list] | Refusal:
     """A Core AI copy's backend-neutral facts (as the walker's and the Core ML pass's), with the reads and sources
     they came from. A ``broadcasting_batch_matmul``'s right operand is K or V; its left one, and any other op, not."""
     uses = _uses(rep)
     if isinstance(uses, str):
         return Refusal(uses)
+    if not own:
+        return Refusal("has no static shapes")
     reads = []
     for path, user, operand in uses:
         steps = [_view_step(op) for op in path]
@@ -177,7 +195,7 @@ def copy_facts(rep) -> tuple[rp.CopyFacts, list, list] | Refusal:
         reads.append(rp.CopyRead(user.name, _op_label(user), kind, tuple(steps), "y" if operand == 1 else "x"))
     candidates = []
     for depth, (value, back) in enumerate(_sources(rep)):
-        shape, steps = _shape(value), [_view_step(op) for op in back]
+        shape, steps = _shape(value), [*(_view_step(op) for op in back[:-1]), *own]  # back ends with the copy
         if shape is None or any(st is None for st in steps):
             break
         candidates.append(rp.SourceCandidate(shape, tuple(steps), depth))
@@ -187,12 +205,12 @@ def copy_facts(rep) -> tuple[rp.CopyFacts, list, list] | Refusal:
     return rp.CopyFacts(_op_label(rep), in_shape, out_shape, tuple(candidates), tuple(reads)), uses, _sources(rep)
 
 
-def _plan(rep, cache: rp.IndexCache | None = None):
+def _plan(rep, own: tuple[rp.ViewStep, ...], cache: rp.IndexCache | None = None):
     """(source, [1, Hkv, S, D], uses [(path, matmul, (Hkv, kv_map), transposed, shape)], chain) or a Refusal: the
     classifier decides; the rewrite adds what it needs (every read a matmul's right operand, one mapping, batch 1)."""
     if len(_shape(rep.results[0]) or ()) < 3:
         return Refusal("has no static head axis")
-    found = copy_facts(rep)
+    found = copy_facts(rep, own)
     if isinstance(found, Refusal):
         return found
     facts, uses, sources = found
@@ -344,16 +362,19 @@ def rewrite_asset(src: Path, dst: Path) -> dict:
     before = constant_digests(module)
     calls = Counter(m.group(1) for _, _, op in _walk_graphs(module) if op.name == "coreai.invoke"
                     for m in [CALLEE.search(str(op.attributes["callee"]) if "callee" in op.attributes else "")] if m)
-    reps = [(g, c, op) for g, c, op in _walk_graphs(module) if _is_copy(op)]
+    with ConstantReader(src / PROGRAM_FILE) as reader:  # a gather's index read in place, before anything changes
+        reps = [(g, c, op, own) for g, c, op in _walk_graphs(module)
+                if (own := _own_steps(op, reader)) is not None]
     decisions, cache = [], rp.IndexCache()
     with module.context, Location.unknown():
-        for graph, composite, rep in reps:
+        for graph, composite, rep, own in reps:
             common = dict(function=graph, name=_op_label(rep), input_shape=_shape(_data(rep)) or (),
                           output_shape=_shape(rep.results[0]) or (), op_type=rep.name)
             where = f" (inside composite @{graph}, {calls.get(graph, 0)} calls)" if composite else ""
-            plan = _plan(rep, cache)
-            if isinstance(plan, Refusal) and rep.name not in REPLICATING and not _copies_kv(rep, cache):
-                continue  # a concat that copies no K/V heads (a RoPE table's cat) is an ordinary op (opfacts.listed)
+            plan = own if isinstance(own, Refusal) else _plan(rep, own, cache)
+            if isinstance(plan, Refusal) and not isinstance(own, Refusal) and rep.name not in REPLICATING and (
+                    not _copies_kv(rep, own, cache)):
+                continue  # a concat or gather copying no K/V heads (a RoPE table's cat) is an ordinary op (opfacts)
             if isinstance(plan, Refusal):
                 decisions.append(CopyDecision(**common, folded=False, reason=f"{rep.name} {plan.reason}{where}"))
                 continue

@@ -8,9 +8,14 @@ object per ``coreai.graph``, that :mod:`analyzer.ir.coreai.walk` turns into op r
 
 ``{"graphs": [{"name", "composite", "args": [[name, type]], "results": [name], "ops": [op]}]}`` with each op
 ``{"op": "coreai.reshape", "operands": [value id], "results": [[value id, type]], "stack": [frame],
-"source": torch node, "callee": graph, "zero": bool}``; a type is ``[shape, dtype, kind]`` (kind ``tensor``,
-``handle`` for a state, ``token``, or ``other``); value ids are unique across the module; ``stack`` is the
-debug-info call stack outermost first (``Exaone4DecoderLayer$2``: the second instance of that module class).
+"source": torch node, "callee": graph, "zero": bool, "value": [int] | null, "index_profile": {…}}``; a type is
+``[shape, dtype, kind]`` (kind ``tensor``, ``handle`` for a state, ``token``, or ``other``); value ids are unique
+across the module; ``stack`` is the debug-info call stack outermost first (``Exaone4DecoderLayer$2``: the second
+instance of that module class).
+A constant's ``value`` is kept when it has at most :data:`SMALL_INTS` integers (shapes, permutations, axes); a
+``gather_along_axis`` / ``gather_nd`` row has ``index_profile``, what its index selects
+(:func:`analyzer.ir.coreai.index_profile.gather_profile`: a large index constant is read in place from the file,
+checked in chunks and recorded as its values along the gather axis only).
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from analyzer.errors import QfoldError
 from analyzer.ir.coreai.asset import PROGRAM_FILE, check_asset
+from analyzer.ir.coreai.index_profile import GATHERS, ConstantReader, gather_profile
 
 _TENSOR = re.compile(r"tensor<((?:\?|\d+)(?:x(?:\?|\d+))*x)?([a-zA-Z]+[0-9A-Za-z]*)>")
 _CALL_STACK = re.compile(r'<"call_stack": \[([^\]]*)\]>')
@@ -32,6 +40,7 @@ _DTYPES = {"f16": "fp16", "f32": "fp32", "f64": "fp64", "bf16": "bf16", "i1": "b
            # compressed weights (coreai-opt 0.4.0: sub-byte LUT indices ui1-ui8, fp8 LUTs and data, e8m0 scales)
            "f8E4M3FN": "fp8e4m3fn", "f8E5M2": "fp8e5m2", "f8E8M0FNU": "fp8e8m0fnu", "f4E2M1FN": "fp4e2m1fn"}
 _INT = re.compile(r"(s|u)?i(\d+)")  # si8 / i8 → int8, ui4 → uint4
+SMALL_INTS = 16  # integers kept of a constant (a shape, a permutation, axes): what the replication classifier reads
 
 
 def type_json(text: str) -> list[Any]:
@@ -76,22 +85,28 @@ def _is_zero_splat(op) -> bool:
 
 
 def _small_ints(op) -> list[int] | None:
-    """A small integer constant's values (permutations, shapes, axes: what the replication classifier reads)."""
-    from coreai._compiler.ir import DenseIntElementsAttr
+    """A small integer constant's values (permutations, shapes, axes: what the replication classifier reads); a
+    splat (``dense<1> : tensor<si32>``, a gather's or a concat's axis) as its value repeated."""
+    from coreai._compiler.ir import DenseIntElementsAttr, RankedTensorType
 
     try:
         attr = DenseIntElementsAttr(op.attributes["value"])
+        numel = int(np.prod(RankedTensorType(op.results[0].type).shape, dtype=np.int64))
     except (ValueError, TypeError, KeyError):
         return None
-    n = len(attr) if not attr.is_splat else 1
-    return [int(attr[i]) for i in range(n)] if n <= 16 and not attr.is_splat else None
+    if numel > SMALL_INTS:
+        return None
+    return [int(attr[0])] * numel if attr.is_splat else [int(attr[i]) for i in range(numel)]
 
 
-def dump_module(module, handles: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
+def dump_module(module, handles: dict[tuple[str, int], Any] | None = None,
+                reader: ConstantReader | None = None) -> dict[str, Any]:
     """Every ``coreai.graph`` of an MLIR module as JSON-ready rows (see the module docstring). ``handles``, when
     given, receives each row's MLIR operation under (graph name, row index): a caller that edits the program in
-    its own process (``analyzer.convert.compress.coreai_apply``) finds the op a row describes."""
+    its own process (``analyzer.convert.compress.coreai_apply``) finds the op a row describes. ``reader`` reads
+    gathers' index constants (from the asset's file, when it was read from one; else by copying, bounded)."""
     ids: dict[Any, int] = {}
+    reader = reader or ConstantReader()
 
     def vid(value) -> int:
         return ids.setdefault(value, len(ids))
@@ -121,6 +136,8 @@ def dump_module(module, handles: dict[tuple[str, int], Any] | None = None) -> di
             if op.name == "coreai.constant":
                 row["zero"] = _is_zero_splat(op)
                 row["value"] = _small_ints(op)
+            if op.name in GATHERS:
+                row["index_profile"] = gather_profile(op, reader)
             ops.append(row)
         n_results = len(ops[-1]["operands"]) if ops and ops[-1]["op"] == "coreai.output" else 0
         graphs.append({"name": name, "composite": decl.group(1) if decl else None,
@@ -146,7 +163,8 @@ def dump_asset(asset: Path) -> dict[str, Any]:
 
     path = check_asset(asset)
     module = load_module_from_bytecode(context=Context()._mlir_context, path=path / PROGRAM_FILE)
-    return dump_module(module)
+    with ConstantReader(path / PROGRAM_FILE) as reader:
+        return dump_module(module, reader=reader)
 
 
 def main(argv: list[str]) -> int:

@@ -32,7 +32,7 @@ from analyzer.fsio import read_json
 from analyzer.ir.coreai.asset import METADATA_FILE, check_asset
 from analyzer.ir.coreai.dialect import PER_CALL_DECOMPRESSION, TERMINATORS, kind_of, operand_names
 from analyzer.ir.coreai.native_child import asset_bytes, child_limit, run_module
-from analyzer.ir.mil_records import InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
+from analyzer.ir.mil_records import IndexProfile, InputRef, MilProgram, OpRecord, TensorInfo, tensor_nbytes
 from analyzer.ir.opfacts import classify_copies, layer_from_name
 
 ENTRY = "main"
@@ -99,6 +99,9 @@ class _Walker:
             names = operand_names(row["op"], len(data))
             index = len(self.ops)
             refs = tuple(replace_param(env[v], n) for v, n in zip(data, names, strict=True))
+            if "index_profile" in row:  # a gather: what its index selects, on its indices operand
+                refs = tuple(replace(r, profile=_profile(row["index_profile"])) if r.param == "indices" else r
+                             for r in refs)
             results = [(vid, t) for vid, t in row["results"] if t[2] in ("tensor", "other")]
             call = "" if parent is None else f"@{parent}"  # a body inlined per call: names stay unique
             is_const = kind_of(row["op"]) == "const"
@@ -143,6 +146,11 @@ def constant_labels(doc: dict[str, Any]) -> dict[tuple[str, int], str]:
     return {(g["name"], i): walker.modules.label(row["stack"] or walker.first_reader.get(row["results"][0][0], []))
             for g in doc.get("graphs", []) for i, row in enumerate(g["ops"])
             if row["op"] == "coreai.constant" and row["results"]}
+
+
+def _profile(doc: dict[str, Any]) -> IndexProfile:
+    values = doc.get("values")
+    return IndexProfile(doc.get("axis"), None if values is None else tuple(values), doc.get("why") or "")
 
 
 def replace_param(ref: InputRef, param: str) -> InputRef:
