@@ -286,10 +286,11 @@ class SliceUpdateRule(ByteRule):
 
 @register_rule("tile")
 class TileRule(ByteRule):
-    """A ``kv_replication`` copy reads the cache (``kv_read``) and writes G copies of it (``replication``); its
-    readers' reads are ``replication`` too. It charges every copy of K/V heads, whatever op makes it: a tile, a
-    ``gather`` whose index repeats heads, a ``concat`` of one tensor G times (``accounting.account`` gives it every
-    op the walk classified ``kv_replication``). Other tiles are generic compute."""
+    """A ``kv_replication`` copy reads the cache (``kv_read``) and writes G copies of it (``replication``), reading a
+    gather's index for it (``replication``); its readers' reads are ``replication`` too. It charges every copy of
+    K/V heads, whatever op makes it: a tile, a ``gather`` whose index repeats heads, a ``concat`` of one tensor G
+    times (``accounting.account`` gives it every op the walk classified ``kv_replication``). Other tiles are generic
+    compute."""
 
     name = "tile"
 
@@ -302,10 +303,11 @@ class TileRule(ByteRule):
         if op.tile_kind != "kv_replication":
             return ComputeRule.account(op, ctx)
         counts = _empty()
-        # the source is read once (a concat names it G times); a gather's constant index is where, not data
+        # the source is read once (a concat names it G times); a gather's index is read only to make the copy (a
+        # Core AI gather_along_axis's is as large as the copy: [1, Hq, S, D] int32), so it is replication too
         data = {r.tensor.name: r for r in op.inputs if r.param != "indices"}
         _charge_reads(data.values(), ctx, counts)
-        counts["replication"] += op.output_bytes
+        counts["replication"] += op.output_bytes + sum(r.tensor.nbytes or 0 for r in op.inputs if r.param == "indices")
         return _op_bytes(op, cls.name, counts)
 
 

@@ -48,6 +48,7 @@ _OUTSIDE_LAYERS = re.compile(r"lm_head|embed_tokens|(?:^|_)wte(?:_|$)|(?:^|_)nor
 # cast) and the ones a source may lie behind (not a cast: values).
 _CHAIN = VIEW_OPS | {"transpose", "cast"}
 CORE_AI_GATHERS = ("coreai.gather_along_axis", "coreai.gather_nd")  # gathers whose index the walk profiles
+SDPA_COMPOSITE = "scaled_dot_product_attention"  # coreai-torch's SDPA composite (``composite_decl``)
 _SOURCE_WALK = VIEW_OPS | {"transpose"}
 
 
@@ -306,6 +307,10 @@ def _step(op: OpRecord) -> ViewStep | None:
 def _read_kind(ops, consumer: OpRecord, param: str) -> str:
     if consumer.kind == "matmul":
         return MATMUL_RHS if param == "y" else MATMUL_LHS
+    if consumer.type == "coreai.invoke":  # a Core AI composite call: its body follows it in the records (walk.py)
+        body = ops[consumer.index + 1] if consumer.index + 1 < len(ops) else None
+        if body is not None and body.parent == consumer.index and body.composite == SDPA_COMPOSITE:
+            return SDPA_KV if param in ("key", "value") else SDPA_OTHER
     if consumer.kind == "scaled_dot_product_attention":
         return SDPA_KV if param in ("key", "value") else SDPA_OTHER
     if consumer.kind == "mul":

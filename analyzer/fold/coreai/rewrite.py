@@ -51,6 +51,8 @@ REPLICATING = ("coreai.broadcast_in_dims", "coreai.tile")  # a concat of one val
 CHAIN = ("coreai.reshape", "coreai.transpose")  # ops that only move elements between the copy and the matmul
 MATMUL = "coreai.decomposable.broadcasting_batch_matmul"
 _RESOURCE = re.compile(r"dense_resource<([\w.$-]+)>")
+_INPUT_NAMES = re.compile(r"input_names = \[([^\]]*)\]")
+SDPA = "scaled_dot_product_attention"  # coreai-torch's SDPA composite (composite_decl)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -76,6 +78,21 @@ def _const(value) -> np.ndarray | None:
         return np.array([int(x) for x in DenseIntElementsAttr(owner.attributes["value"])])
     except (ValueError, TypeError):
         return None
+
+
+def _sdpa_inputs(invoke) -> list[str] | None:
+    """The declared input names of the SDPA composite an invoke calls (``["query", "key", "value"]``), else None."""
+    callee = CALLEE.search(str(invoke.attributes["callee"])) if "callee" in invoke.attributes else None
+    top = invoke
+    while top is not None and top.name != "builtin.module":
+        top = top.parent
+    for g in top.regions[0].blocks[0].operations if callee and top is not None else ():
+        attrs = g.operation.attributes
+        if "sym_name" in attrs and attrs["sym_name"].value == callee.group(1) and "composite_decl" in attrs:
+            decl = str(attrs["composite_decl"])
+            names = _INPUT_NAMES.search(decl)
+            return re.findall(r'"([^"]*)"', names.group(1)) if names and f'<"{SDPA}"' in decl else None
+    return None
 
 
 def _op_label(op) -> str:
@@ -191,8 +208,15 @@ def copy_facts(rep, own: tuple[rp.ViewStep, ...]) -> tuple[rp.CopyFacts, list, l
         steps = [_view_step(op) for op in path]
         if any(st is None for st in steps):
             return Refusal("its chain's shapes or permutations cannot be read")
-        kind = rp.OTHER if user.name != MATMUL else rp.MATMUL_RHS if operand == 1 else rp.MATMUL_LHS
-        reads.append(rp.CopyRead(user.name, _op_label(user), kind, tuple(steps), "y" if operand == 1 else "x"))
+        param = "y" if operand == 1 else "x"
+        if user.name == MATMUL:
+            kind = rp.MATMUL_RHS if operand == 1 else rp.MATMUL_LHS
+        elif user.name == "coreai.invoke" and (declared := _sdpa_inputs(user)) and operand < len(declared):
+            param = declared[operand]  # a call of coreai-torch's SDPA composite: the walk reads it the same way
+            kind = rp.SDPA_KV if param in ("key", "value") else rp.SDPA_OTHER
+        else:
+            kind = rp.OTHER
+        reads.append(rp.CopyRead(user.name, _op_label(user), kind, tuple(steps), param))
     candidates = []
     for depth, (value, back) in enumerate(_sources(rep)):
         shape, steps = _shape(value), [*(_view_step(op) for op in back[:-1]), *own]  # back ends with the copy
@@ -218,6 +242,10 @@ def _plan(rep, own: tuple[rp.ViewStep, ...], cache: rp.IndexCache | None = None)
     if not verdict.is_kv:
         return Refusal(verdict.reason)
     for (_, user, _), read in zip(uses, facts.reads, strict=True):
+        if read.kind == rp.SDPA_KV:
+            return Refusal(f"is the {read.operand} of SDPA composite call {_op_label(user)} (coreai-torch's "
+                           "scaled_dot_product_attention without enable_gqa): only copies that batch matmuls read "
+                           "are folded, not a composite's inputs")
         if read.kind != rp.MATMUL_RHS:
             return Refusal(f"is the left operand of matmul {_op_label(user)} (only K or V on the right is folded)")
     if len({m.kv_map for m in verdict.reads}) != 1:
@@ -376,7 +404,8 @@ def rewrite_asset(src: Path, dst: Path) -> dict:
                     not _copies_kv(rep, own, cache)):
                 continue  # a concat or gather copying no K/V heads (a RoPE table's cat) is an ordinary op (opfacts)
             if isinstance(plan, Refusal):
-                decisions.append(CopyDecision(**common, folded=False, reason=f"{rep.name} {plan.reason}{where}"))
+                decisions.append(CopyDecision(**common, folded=False, reason=f"{rep.name} {plan.reason}{where}",
+                                              replication=not isinstance(own, Refusal) and _copies_kv(rep, own, cache)))
                 continue
             kv_map, hkv = plan[2][0][2][1], plan[1][1]
             reason = _fold_one(ops, rep, plan)

@@ -6,7 +6,8 @@ the bindings coreai-core ships (``coreai._compiler``: ``load_module_from_bytecod
 with it (the probe saw the runtime segfault on a folder that was no asset). The child writes plain JSON, one
 object per ``coreai.graph``, that :mod:`analyzer.ir.coreai.walk` turns into op records:
 
-``{"graphs": [{"name", "composite", "args": [[name, type]], "results": [name], "ops": [op]}]}`` with each op
+``{"graphs": [{"name", "composite", "composite_inputs", "args": [[name, type]], "results": [name], "ops": [op]}]}``
+(``composite_inputs``: a composite's declared input names, ``["query", "key", "value"]``) with each op
 ``{"op": "coreai.reshape", "operands": [value id], "results": [[value id, type]], "stack": [frame],
 "source": torch node, "callee": graph, "zero": bool, "value": [int] | null, "index_profile": {…}}``; a type is
 ``[shape, dtype, kind]`` (kind ``tensor``, ``handle`` for a state, ``token``, or ``other``); value ids are unique
@@ -36,6 +37,7 @@ _TENSOR = re.compile(r"tensor<((?:\?|\d+)(?:x(?:\?|\d+))*x)?([a-zA-Z]+[0-9A-Za-z
 _CALL_STACK = re.compile(r'<"call_stack": \[([^\]]*)\]>')
 _SOURCE = re.compile(r'identifiers = \["([^"]*)"')
 _COMPOSITE = re.compile(r'composite_declaration<"(\w+)"')
+_COMPOSITE_INPUTS = re.compile(r"input_names = \[([^\]]*)\]")
 _DTYPES = {"f16": "fp16", "f32": "fp32", "f64": "fp64", "bf16": "bf16", "i1": "bool",
            # compressed weights (coreai-opt 0.4.0: sub-byte LUT indices ui1-ui8, fp8 LUTs and data, e8m0 scales)
            "f8E4M3FN": "fp8e4m3fn", "f8E5M2": "fp8e5m2", "f8E8M0FNU": "fp8e8m0fnu", "f4E2M1FN": "fp4e2m1fn"}
@@ -140,7 +142,9 @@ def dump_module(module, handles: dict[tuple[str, int], Any] | None = None,
                 row["index_profile"] = gather_profile(op, reader)
             ops.append(row)
         n_results = len(ops[-1]["operands"]) if ops and ops[-1]["op"] == "coreai.output" else 0
+        inputs = _COMPOSITE_INPUTS.search(str(attrs["composite_decl"])) if decl else None
         graphs.append({"name": name, "composite": decl.group(1) if decl else None,
+                       "composite_inputs": re.findall(r'"([^"]*)"', inputs.group(1)) if inputs else None,
                        "args": [[vid(a), n, type_json(str(a.type))] for a, n in zip(block.arguments, arg_names,
                                                                                     strict=True)],
                        "results": _names(attrs, "res_attrs", n_results), "ops": ops})

@@ -97,6 +97,10 @@ class _Walker:
                 continue
             data = [v for v in row["operands"] if v in env]  # tokens are never bound: ordering, not data
             names = operand_names(row["op"], len(data))
+            declared = (self.graphs.get(row.get("callee", ""), {}).get("composite_inputs")
+                        if row["op"] == "coreai.invoke" else None)
+            if declared and len(declared) == len(data):  # a composite call's operands: "query", "key", "value"
+                names = tuple(declared)
             index = len(self.ops)
             refs = tuple(replace_param(env[v], n) for v, n in zip(data, names, strict=True))
             if "index_profile" in row:  # a gather: what its index selects, on its indices operand
