@@ -264,27 +264,70 @@ def convert_form(form: str, path: Path) -> Path:
     return path
 
 
-def convert_coreai_form(form: str, path: Path) -> Path:
-    """One attention over K/V inputs ``[1, Hkv, S, D]`` whose copy is made by ``form`` (``cat``, ``repeat``), exported
-    with ``torch.export`` and converted by coreai-torch's documented calls (``TorchConverter``), as someone porting a
-    model would."""
+# How a torch model may copy K/V heads as coreai-torch converts it (torch.export + TorchConverter):
+#   "cat"           torch.cat([k] * G, dim=1) → coreai.concat of one value G times (h % Hkv)
+#   "repeat"        k.repeat(1, G, 1, 1) → coreai.tile (h % Hkv)
+#   "repeat_kv"     transformers' repeat_kv (expand + reshape) → coreai.broadcast_in_dims (h // G)
+#   "index_select"  k.index_select(1, heads) → coreai.gather_along_axis whose constant index is heads broadcast to
+#                   [1, Hq, S, D] (coreai_torch/_aten_to_core.py, replace_index_select)
+#   "gather"        torch.gather(k, 1, heads[None, :, None, None].expand(1, Hq, S, D)) → the same gather_along_axis
+#   "getitem"       k[:, heads] → coreai.gather_nd with index rows [[0, h0], [0, h1], …] (replace_index_tensor)
+#   "index_input"   k.index_select(1, heads) with heads an input of the program: an index computed at run time
+CORE_AI_FORMS = ("cat", "repeat", "index_select", "gather", "getitem")
+CORE_AI_OP = {"cat": "coreai.concat", "repeat": "coreai.tile", "repeat_kv": "coreai.broadcast_in_dims",
+              "index_select": "coreai.gather_along_axis", "gather": "coreai.gather_along_axis",
+              "getitem": "coreai.gather_nd", "index_input": "coreai.gather_along_axis"}
+
+
+def heads_of(hq: int, hkv: int, mapping: str) -> list[int]:
+    """The KV head each query head reads: ``h // G`` (repeat_kv's order) or ``h % Hkv`` (``x.repeat``'s)."""
+    return [h // (hq // hkv) if mapping == "h // G" else h % hkv for h in range(hq)]
+
+
+def convert_coreai_form(form: str, path: Path, hq: int = HQ, hkv: int = HKV, mapping: str = "h // G",
+                        sdpa: bool = False) -> Path:
+    """One attention over K/V inputs ``[1, Hkv, S, D]`` (head dim D, S slots) whose copy is made by ``form`` (see
+    :data:`CORE_AI_FORMS`), Hq query heads reading KV head ``heads_of(hq, hkv, mapping)[h]``, through matmuls or (with
+    ``sdpa``) ``F.scaled_dot_product_attention`` without ``enable_gqa``; exported with ``torch.export`` and
+    converted by coreai-torch's documented calls (``TorchConverter``), as someone porting a model would."""
     import torch
     from coreai_torch import TorchConverter, get_decomp_table
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    g = hq // hkv
 
     class Step(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(7)
-            self.o = torch.nn.Linear(HQ * D, H)
+            self.o = torch.nn.Linear(hq * D, H)
+            self.register_buffer("heads", torch.tensor(heads_of(hq, hkv, mapping)))
 
-        def copy(self, x):
-            return torch.cat([x] * G, dim=1) if form == "cat" else x.repeat(1, G, 1, 1)
+        def copy(self, x, heads):
+            if form == "cat":
+                return torch.cat([x] * g, dim=1)
+            if form == "repeat":
+                return x.repeat(1, g, 1, 1)
+            if form == "repeat_kv":
+                return repeat_kv(x, g)
+            if form == "gather":
+                return torch.gather(x, 1, heads[None, :, None, None].expand(1, hq, x.shape[2], x.shape[3]))
+            if form == "getitem":
+                return x[:, heads]
+            return x.index_select(1, heads)  # index_select, index_input
 
-        def forward(self, q, k, v):  # q [1, Hq, 1, D]
-            w = torch.softmax(q @ self.copy(k).transpose(2, 3) * D ** -0.5, dim=-1)
-            return self.o((w @ self.copy(v)).transpose(1, 2).reshape(1, 1, HQ * D))
+        def forward(self, q, k, v, *heads):  # q [1, Hq, 1, D]; heads: the index_input form's [Hq] input
+            heads = heads[0] if heads else self.heads
+            kk, vv = self.copy(k, heads), self.copy(v, heads)
+            if sdpa:
+                out = torch.nn.functional.scaled_dot_product_attention(q, kk, vv)
+            else:
+                out = torch.softmax(q @ kk.transpose(2, 3) * D ** -0.5, dim=-1) @ vv
+            return self.o(out.transpose(1, 2).reshape(1, 1, hq * D))
 
-    example = (torch.zeros(1, HQ, 1, D), torch.zeros(1, HKV, S, D), torch.zeros(1, HKV, S, D))
+    example = (torch.zeros(1, hq, 1, D), torch.zeros(1, hkv, S, D), torch.zeros(1, hkv, S, D))
+    if form == "index_input":
+        example = (*example, torch.tensor(heads_of(hq, hkv, mapping)))
     ep = torch.export.export(Step().eval(), example).run_decompositions(get_decomp_table())
     TorchConverter().add_exported_program(ep).to_coreai().save_asset(Path(path))
     return Path(path)

@@ -26,7 +26,7 @@ from analyzer.analysis.shapes import input_ranges
 from analyzer.engines.interpret import load_interpreter
 from analyzer.fold.proof import prove_fold
 from tests.cli_batch import run_case
-from tests.converted_styles import ENUMERATED_Q, FORMS, HKV, HQ, STYLES, D, G, S, call_inputs
+from tests.converted_styles import CORE_AI_FORMS, ENUMERATED_Q, FORMS, HKV, HQ, STYLES, D, G, S, call_inputs
 
 PACKAGES = [f"{style}-range-{p}" for style in STYLES for p in ("fp16", "int4")] + \
     [f"{style}-enum-fp16" for style in STYLES] + ["hf_export-enum-int4"]
@@ -42,7 +42,7 @@ def expected_reps_from(name: str) -> str:
 COPY_OP = {"repeat_kv": "tile", "repeat": "tile", "index_select": "gather", "cat": "concat",
            "repeat_interleave_tensor": "tile"}
 MAPPING = {"repeat_kv": "h // G", "repeat": "h % Hkv", "index_select": "h // G", "cat": "h % Hkv",
-           "repeat_interleave_tensor": "h // G"}
+           "repeat_interleave_tensor": "h // G", "gather": "h // G", "getitem": "h // G"}
 
 
 def cli(*argv) -> dict:
@@ -151,20 +151,29 @@ def test_repeats_that_depend_on_a_flexible_input_leave_the_copy_saying_so(conver
     assert r["code"] == 0 and f"repeats depend on hidden[1] over 1..{S}" in r["stdout"], r
 
 
-@pytest.mark.parametrize("form", ["cat", "repeat"])
+@pytest.mark.parametrize("form", CORE_AI_FORMS)
 def test_core_ai_copies_are_found_by_inspect_and_folded_by_the_rewrite_alike(form, tmp_path):
-    """coreai-torch's ``torch.cat([k] * G)`` (a ``coreai.concat`` of one value) and ``k.repeat`` (a tile): inspect
-    (the walked records) and the rewrite (the MLIR module) read the same facts and ask the same classifier."""
+    """coreai-torch's ``torch.cat([k] * G)`` (a ``coreai.concat`` of one value), ``k.repeat`` (a tile),
+    ``k.index_select`` and ``torch.gather`` (a ``gather_along_axis`` whose constant index is as large as the copy) and
+    ``k[:, idx]`` (a ``gather_nd``): inspect (the walked records) and the rewrite (the MLIR module) read the same
+    facts and ask the same classifier; each copy is charged as replication, and the fold is proven on the Core AI
+    runtime (every input drawn: an input spec with no roles)."""
     pytest.importorskip("coreai_torch")
-    from tests.converted_styles import convert_coreai_form
+    from tests.converted_styles import CORE_AI_OP, convert_coreai_form
 
     src = convert_coreai_form(form, tmp_path / f"{form}.aimodel")
     doc = json.loads(cli("inspect", src, "--json")["stdout"])
     kv = [t for t in doc["tiles"] if t["kind"] == "kv_replication"]
-    assert len(kv) == 2 and {t["op_type"] for t in kv} == {"coreai.concat" if form == "cat" else "coreai.tile"}
-    r = cli("fold", src, tmp_path / "f.aimodel", "--json")
+    assert [t["op_type"] for t in kv] == [CORE_AI_OP[form]] * 2 and len(doc["tiles"]) == 2, doc["tiles"]
+    assert all(t["output_bytes"] == HQ * S * D * 4 for t in kv)  # fp32 [1, Hq, S, D]
+    assert doc["bytes_per_token"]["replication"] >= 2 * 2 * HQ * S * D * 4  # written, then read: not activations
+    (tmp_path / "spec.json").write_text("{}")
+    r = cli("fold", src, tmp_path / "f.aimodel", "--json", "--input-spec", tmp_path / "spec.json")
     assert r["code"] == 0, r["stderr"]
     fold = json.loads(r["stdout"])
     assert fold["tiles_folded"] == 2 and all(t["folded"] and t["replication"] for t in fold["tiles"])
+    assert {t["mapping"] for t in fold["tiles"]} == {MAPPING.get(form, "h // G")}
+    assert fold["weights"]["identical"] == fold["weights"]["checked"] > 0
+    assert fold["proof"]["checked"] and fold["proof"]["bit_identical"], fold["proof"]
     after = json.loads(cli("inspect", tmp_path / "f.aimodel", "--json")["stdout"])
     assert after["bytes_per_token"]["replication"] == 0 and not after["tiles"]
