@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("coreai_torch")
 
 from analyzer.fold.coreai.asset_fold import fold_asset
-from analyzer.ir.coreai.bytecode import BlobIndex, BytecodeError
+from analyzer.ir.coreai.bytecode import BlobIndex, BytecodeError, StoredArray
 from analyzer.ir.coreai.index_profile import axis_profile
 from analyzer.ir.coreai.walk import read_asset
 from tests.cli_batch import run_case
@@ -93,11 +93,13 @@ def test_an_index_that_cannot_be_read_is_listed_not_classified_with_why(tmp_path
 
 # ------------------------------------------------------------------------------------------------ the reader
 def test_resource_blobs_read_in_place_equal_the_bindings_copy(tmp_path):
-    """Every resource blob of a converted asset (a weight, the index constant), mapped from the file, equals what the
-    bindings copy out of the loaded module."""
+    """Every resource blob of a converted asset (a weight, the index constant), read from the file, equals what the
+    bindings copy out of the loaded module, whole and piece by piece."""
     import coreai.authoring  # noqa: F401
-    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import (copy_constant_value_to_array,
-                                                                            load_module_from_bytecode)
+    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import (
+        copy_constant_value_to_array,
+        load_module_from_bytecode,
+    )
     from coreai._compiler.ir import RankedTensorType
     from coreai.authoring.context import Context
 
@@ -114,10 +116,14 @@ def test_resource_blobs_read_in_place_equal_the_bindings_copy(tmp_path):
                 name = text.split("dense_resource<")[1].split(">")[0]
                 t = RankedTensorType(op.results[0].type)
                 dtype = np.float32 if str(t.element_type) == "f32" else np.int32
-                mapped = blobs.array(name, dtype, tuple(t.shape))
-                copied = np.zeros(mapped.nbytes, np.uint8)
+                stored = blobs.stored(name, dtype, tuple(t.shape))
+                copied = np.zeros(stored.size * stored.dtype.itemsize, np.uint8)
                 copy_constant_value_to_array(constant_op=op, destination=copied)
-                assert mapped.tobytes() == copied.tobytes() and not mapped.flags.writeable
+                assert stored.read(0, stored.size).tobytes() == copied.tobytes()
+                whole = copied.view(dtype)
+                assert np.array_equal(stored.read(5, 7), whole[5:12])
+                with pytest.raises(BytecodeError):
+                    stored.read(stored.size - 1, 2)
                 seen += 1
     assert seen == 2  # the output projection's weight and the [1, Hq, S, D] index
 
@@ -134,15 +140,44 @@ def test_the_bytecode_reader_refuses_what_it_cannot_read(tmp_path):
 
 
 @pytest.mark.parametrize("chunk", [4, 64, 1 << 20])
-def test_the_axis_profile_is_checked_in_bounded_pieces(chunk):
+def test_the_axis_profile_is_checked_in_bounded_pieces(chunk, tmp_path):
     """The profile of a broadcast index, whatever the piece size (a piece smaller than a row, a few rows, all of
     it); one element changed anywhere off the axis makes it vary."""
     heads = np.array([0, 0, 1, 1, 2, 2], np.int32)
     index = np.broadcast_to(heads[None, :, None, None], (2, 6, 5, 3)).copy()
     values, why = axis_profile(index, 1, chunk_bytes=chunk)
     assert why == "" and values.tolist() == heads.tolist()
+    (tmp_path / "i.bin").write_bytes(b"pad" + index.tobytes())
+    with (tmp_path / "i.bin").open("rb") as f:  # the same, read from a file piece by piece
+        values, why = axis_profile(StoredArray(f.fileno(), 3, np.int32, index.shape), 1, chunk_bytes=chunk)
+    assert why == "" and values.tolist() == heads.tolist()
+    assert axis_profile(index, 3, chunk_bytes=chunk)[1] == "its index varies along an axis other than 3 " \
+                                                            "(not one slice per position)"
     for at in [(0, 0, 0, 1), (1, 5, 4, 2), (1, 2, 3, 0)]:
         bad = index.copy()
         bad[at] += 1
         assert axis_profile(bad, 1, chunk_bytes=chunk) == (None, "its index varies along an axis other than 1 "
                                                                  "(not one slice per position)")
+
+
+def test_a_70b_sized_index_is_profiled_in_bounded_memory(tmp_path):
+    """An index as large as a full-size 70B copy (``[1, 64, 8192, 128]`` int32: 256 MiB) is profiled from its file
+    in a child process whose peak memory grows far less than the index's size (pieces of CHUNK_BYTES, read with
+    pread: the file's pages stay in the page cache)."""
+    import subprocess
+    import sys
+
+    shape, heads = (1, 64, 8192, 128), np.arange(64, dtype=np.int32) // 8
+    with (tmp_path / "i.bin").open("wb") as f:
+        for h in heads:  # written one head at a time (this process holds 4 MiB)
+            f.write(np.full(shape[2:], h, np.int32).tobytes())
+    code = ("import json, resource, sys, numpy as np; from analyzer.ir.coreai.bytecode import StoredArray; "
+            "from analyzer.ir.coreai.index_profile import axis_profile; f = open(sys.argv[1], 'rb'); "
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+            f"v, why = axis_profile(StoredArray(f.fileno(), 0, np.int32, {shape}), 1); "
+            "print(json.dumps([v.tolist(), why, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before]))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "i.bin")], capture_output=True, text=True,
+                         timeout=120, check=True)
+    values, why, grown_kib = json.loads(out.stdout)
+    assert (values, why) == (heads.tolist(), "")
+    assert grown_kib < 64 * 1024, grown_kib  # < 64 MiB of peak growth for a 256 MiB index

@@ -4,8 +4,8 @@ A Core AI asset's program (``main.mlirb``) is MLIR bytecode; a constant too larg
 ``dense_resource<NAME>`` whose bytes are a blob in the file's resource section. The bindings coreai-core ships copy
 such a value only whole, into a buffer of its full size (``copy_constant_value_to_array``); a full-size 70B
 index constant of coreai-torch's ``index_select`` (``[1, 64, 8192, 128]`` int32) is 256 MiB. This reader finds the
-blob's offset and size from the file's section table instead, so the caller maps it read-only
-(:meth:`BlobIndex.array`: a NumPy view of the memory-mapped file, paged in as it is read, nothing held).
+blob's offset and size from the file's section table instead, so the caller reads it piece by piece
+(:meth:`BlobIndex.stored`: a :class:`StoredArray` read with ``os.pread``, a bounded buffer at a time).
 
 The format is MLIR's (mlir/docs/BytecodeFormat.md, llvm-project): ``"MLïR"``, a version varint, a producer string,
 then sections ``{id | aligned << 7: byte, length: varint, [alignment: varint, padding 0xCB…], data}``. The string
@@ -19,6 +19,7 @@ size: varint, kind: byte}`` and its entry is the next ``size`` bytes of the reso
 from __future__ import annotations
 
 import mmap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -60,41 +61,50 @@ class _Reader:
         self.pos = (self.pos + alignment - 1) & -alignment if alignment > 1 else self.pos
 
 
+class StoredArray:
+    """An array stored in a file (a resource blob), read piece by piece (``os.pread`` into a buffer of the piece's
+    size: the file's pages stay in the page cache, never in the reader's memory)."""
+
+    def __init__(self, fd: int, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.fd, self.offset, self.dtype, self.shape = fd, offset, np.dtype(dtype), shape
+        self.size = int(np.prod(shape, dtype=np.int64))
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Elements ``[start, start + count)`` in row-major order."""
+        if start < 0 or count < 0 or start + count > self.size:
+            raise BytecodeError(f"elements {start}..{start + count} are outside an array of {self.size}")
+        n = count * self.dtype.itemsize
+        data = os.pread(self.fd, n, self.offset + start * self.dtype.itemsize)
+        if len(data) != n:
+            raise BytecodeError("the file is shorter than its resource section says")
+        return np.frombuffer(data, dtype=self.dtype)
+
+
 class BlobIndex:
     """The resource blobs of one bytecode file: name → (offset in the file, size in bytes). Open it as a context
-    manager; :meth:`array` views are valid while it is open."""
+    manager; :meth:`stored` arrays are read while it is open."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._file = self.path.open("rb")
-        try:
-            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError as e:  # an empty file
+        try:  # the section table is read through a map (only its pages are touched), then the map is closed
+            with mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                self.blobs = _index(buf)
+        except (ValueError, BytecodeError) as e:  # ValueError: an empty file
             self._file.close()
             raise BytecodeError(f"{self.path}: {e}") from None
-        try:
-            self.blobs = _index(self._map)
-        except BytecodeError as e:
-            self.close()
-            raise BytecodeError(f"{self.path}: {e}") from None
 
-    def array(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """The blob ``name`` as a read-only array of ``shape`` (no copy: a view of the mapped file)."""
+    def stored(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> StoredArray:
+        """The blob ``name`` as an array of ``shape``, read on demand (:class:`StoredArray`)."""
         if name not in self.blobs:
             raise BytecodeError(f"{self.path}: no resource blob {name!r}")
         offset, size = self.blobs[name]
-        count = int(np.prod(shape, dtype=np.int64))
-        if count * np.dtype(dtype).itemsize != size:
-            raise BytecodeError(f"{self.path}: resource {name!r} holds {size} bytes, not {count} × {np.dtype(dtype)}")
-        return np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).reshape(shape)
+        out = StoredArray(self._file.fileno(), offset, dtype, shape)
+        if out.size * out.dtype.itemsize != size:
+            raise BytecodeError(f"{self.path}: resource {name!r} holds {size} bytes, not {out.size} × {out.dtype}")
+        return out
 
     def close(self) -> None:
-        if getattr(self, "_map", None) is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive: the mapping goes with it
-                pass
-            self._map = None
         self._file.close()
 
     def __enter__(self) -> BlobIndex:

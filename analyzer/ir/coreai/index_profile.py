@@ -11,7 +11,7 @@ coreai-torch lowers ``k.index_select(1, idx)`` (``coreai_torch/_aten_to_core.py`
 ``gather_nd %k at [[[0, h0], [0, h1], …]]``. The index of a gather_along_axis is as large as the copy it makes (a
 full-size 70B one, ``[1, 64, 8192, 128]`` int32, is 256 MiB), so it is never held: its **profile along the gather
 axis** is recorded (the value at each position of the axis, after checking that the index does not vary along any
-other axis, in chunks of :data:`CHUNK_BYTES`), read in place from the program file's resource blob
+other axis), read from the program file's resource blob a piece of :data:`CHUNK_BYTES` at a time
 (:mod:`analyzer.ir.coreai.bytecode`). A gather_nd's index has one row per gathered slice (``[1, Hq, 2]``): its rows
 are read whole, up to :data:`MAX_ND_VALUES`.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.ir.coreai.bytecode import BlobIndex, BytecodeError
+from analyzer.ir.coreai.bytecode import BlobIndex, BytecodeError, StoredArray
 
 # A constant the file reader cannot map (a program built in memory, an unreadable file) is copied whole by the
 # bindings (``copy_constant_value_to_array`` takes nothing smaller) only up to this size.
@@ -53,6 +53,7 @@ class ConstantReader:
     def __init__(self, program_file: str | Path | None = None) -> None:
         self.blobs: BlobIndex | None = None
         self.file_why = "the program was not read from a file"
+        self.profiles: dict[tuple[str, int], tuple[np.ndarray | None, str]] = {}  # (constant's text, axis): read once
         if program_file is not None:
             try:
                 self.blobs = BlobIndex(program_file)
@@ -69,8 +70,9 @@ class ConstantReader:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def array(self, op) -> np.ndarray | str:
-        """The value of an integer ``coreai.constant`` (a read-only view where it is mapped), or why not."""
+    def array(self, op) -> np.ndarray | StoredArray | str:
+        """The value of an integer ``coreai.constant`` (a resource blob: read from the file on demand), or why
+        not."""
         from coreai._compiler.ir import DenseIntElementsAttr, RankedTensorType
 
         t = RankedTensorType(op.results[0].type)
@@ -90,14 +92,14 @@ class ConstantReader:
             return "its index constant is neither inline nor a resource blob"
         if self.blobs is not None:
             try:
-                return self.blobs.array(m.group(1), np.dtype(dtype), shape)
+                return self.blobs.stored(m.group(1), np.dtype(dtype), shape)
             except BytecodeError as e:
                 why = str(e)
         else:
             why = self.file_why
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if nbytes > MAX_COPY_BYTES:
-            return (f"its index constant ({nbytes:,} bytes) is not mapped from the file ({why}) and is larger than "
+            return (f"its index constant ({nbytes:,} bytes) cannot be read from the file ({why}) and is larger than "
                     f"the {MAX_COPY_BYTES:,} bytes qfold copies")
         from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import copy_constant_value_to_array
 
@@ -116,7 +118,8 @@ def gather_profile(op, reader: ConstantReader) -> dict[str, Any]:
         if found.size > MAX_ND_VALUES:
             return {"axis": None, "values": None,
                     "why": f"its index has {found.size:,} values, more than the {MAX_ND_VALUES:,} qfold reads"}
-        return {"axis": None, "values": [int(v) for v in found.ravel()], "why": ""}
+        rows = found.read(0, found.size) if isinstance(found, StoredArray) else found.ravel()
+        return {"axis": None, "values": [int(v) for v in rows], "why": ""}
     axis = _small_int(op.operands[2])
     rank = _rank(op.operands[0])
     if axis is None or rank is None:
@@ -126,31 +129,44 @@ def gather_profile(op, reader: ConstantReader) -> dict[str, Any]:
     return {"axis": axis, "values": None if values is None else [int(v) for v in values], "why": why}
 
 
-def axis_profile(a: np.ndarray, axis: int, chunk_bytes: int = CHUNK_BYTES) -> tuple[np.ndarray | None, str]:
-    """The value at each position of ``axis`` of ``a`` when ``a`` does not vary along any other axis, else why
-    not; read in pieces of at most ``chunk_bytes`` (min and max of each row: no temporary of ``a``'s size)."""
+def axis_profile(a: np.ndarray | StoredArray, axis: int, chunk_bytes: int = CHUNK_BYTES
+                 ) -> tuple[np.ndarray | None, str]:
+    """The value at each position of ``axis`` of ``a`` when ``a`` does not vary along any other axis, else why not.
+    One pass in row-major order, a piece of at most ``chunk_bytes`` at a time (whole rows of the axis's inner
+    extent where they fit, else pieces of one row): the min and max of each row against the row's first value."""
     n = a.shape[axis]
     outer, inner = int(np.prod(a.shape[:axis], dtype=np.int64)), int(np.prod(a.shape[axis + 1:], dtype=np.int64))
-    if a.size == 0:
+    if outer * n * inner == 0:
         return None, "its index is empty"
-    a3 = a.reshape(outer, n, inner)
-    values = np.array(a3[0, :, 0], dtype=np.int64)
-    budget = max(1, chunk_bytes // a.itemsize)  # elements per piece
+    if isinstance(a, StoredArray):
+        read = a.read
+    else:
+        flat = np.asarray(a).reshape(-1)
+
+        def read(start: int, count: int) -> np.ndarray:
+            return flat[start:start + count]
+    values = np.zeros(n, dtype=np.int64)  # filled from the first rows read (outer block 0)
+    budget = max(1, chunk_bytes // np.dtype(a.dtype).itemsize)  # elements per piece
     varies = (None, f"its index varies along an axis other than {axis} (not one slice per position)")
-    if n * inner <= budget:
-        step = max(1, budget // (n * inner))
-        for o in range(0, outer, step):
-            piece = a3[o:o + step]
-            if not (np.array_equal(piece.min(axis=2), np.broadcast_to(values, piece.shape[:2]))
-                    and np.array_equal(piece.max(axis=2), np.broadcast_to(values, piece.shape[:2]))):
+    rows = outer * n
+    if inner <= budget:
+        per = max(1, budget // inner)
+        for r0 in range(0, rows, per):
+            k = min(per, rows - r0)
+            piece = read(r0 * inner, k * inner).reshape(k, inner)
+            first = r0 + np.arange(k)
+            values[first[first < n]] = piece[first < n, 0]
+            expected = values[first % n]
+            if not (np.array_equal(piece.min(axis=1), expected) and np.array_equal(piece.max(axis=1), expected)):
                 return varies
         return values, ""
-    for o in range(outer):
-        for i in range(n):
-            for j in range(0, inner, budget):
-                piece = a3[o, i, j:j + budget]
-                if piece.min() != values[i] or piece.max() != values[i]:
-                    return varies
+    for r in range(rows):
+        for j in range(0, inner, budget):
+            piece = read(r * inner + j, min(budget, inner - j))
+            if r < n and j == 0:
+                values[r] = piece[0]
+            if piece.min() != values[r % n] or piece.max() != values[r % n]:
+                return varies
     return values, ""
 
 
@@ -162,9 +178,15 @@ def _profile(value, axis: int, reader: ConstantReader, depth: int) -> tuple[np.n
     name = getattr(owner, "name", "")
     if depth > _MAX_CHAIN:
         return None, f"its index is computed through more than {_MAX_CHAIN} ops"
-    if name == "coreai.constant":
+    if name == "coreai.constant":  # K and V (and often every layer) share one index constant: read it once
+        key = (str(owner.attributes["value"]) if "dense_resource<" in str(owner.attributes["value"]) else "", axis)
+        if key[0] and key in reader.profiles:
+            return reader.profiles[key]
         found = reader.array(owner)
-        return (None, found) if isinstance(found, str) else axis_profile(found, axis)
+        out = (None, found) if isinstance(found, str) else axis_profile(found, axis)
+        if key[0]:
+            reader.profiles[key] = out
+        return out
     if name == "coreai.cast" and _is_int(owner.operands[0]):
         return _profile(owner.operands[0], axis, reader, depth + 1)
     src, out = (_dims(owner.operands[0]), _dims(value)) if name else (None, None)
