@@ -1,6 +1,7 @@
 """What a reader sees on a plotly chart's axes, checked from the figure's JSON (the spec the page sends the browser):
 
-* each numeric axis's range contains the data drawn on it;
+* each numeric axis's range contains the data drawn on it (markers, bars; a line without markers, such as a model
+  curve or a roof, is a guide that may run past the view);
 * no axis spans more than ``MAX_EXTRA_DECADES`` decades beyond its data;
 * a log axis labels at least one tick per decade, each label reading its tick's value (``20``, not ``2``).
 
@@ -68,7 +69,7 @@ def _waterfall(trace: dict, along: str) -> list[float]:
 class AxisData:
     kind: str  # "log", "linear", "category"
     data: list[float]
-    marks: list[float]  # annotations and shapes in data units (they widen an autorange)
+    marks: list[float]  # annotations, shapes and guide lines in data units (they widen an autorange)
 
 
 def axis_data(spec: dict) -> dict[str, AxisData]:
@@ -99,7 +100,9 @@ def axis_data(spec: dict) -> dict[str, AxisData]:
             if nums is None:
                 a.kind = "category" if a.kind == "-" else a.kind
                 continue
-            a.data.extend(nums)
+            guide = kind.startswith("scatter") and "markers" not in str(trace.get("mode", "markers")) and \
+                "text" not in str(trace.get("mode", ""))
+            (a.marks if guide else a.data).extend(nums)
     for ann in layout.get("annotations", []) or []:
         for letter in "xy":
             ref = ann.get(f"{letter}ref", letter)

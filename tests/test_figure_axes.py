@@ -43,12 +43,15 @@ def page_figures(page: str | None, **state) -> list[tuple[str, dict]]:
              json.loads(c.proto.spec)) for c in at.get("plotly_chart")]
 
 
-def ab_figures(a_id: str, b_id: str, plan_a: bytes, plan_b: bytes) -> list[tuple[str, dict]]:
-    plans = {"a-plan.json": plan_a, "b-plan.json": plan_b}
+def ab_figures(a_id: str, b_id: str, plan_a: bytes | None = None, plan_b: bytes | None = None
+               ) -> list[tuple[str, dict]]:
+    """Every tab of the A/B page on A and B (the Placement tab with a Core ML plan per side when given)."""
+    plans = {} if plan_a is None or plan_b is None else {
+        "ab_plans": {"a-plan.json": plan_a, "b-plan.json": plan_b}, "ab_plan_choice_A": "a-plan.json",
+        "ab_plan_choice_B": "b-plan.json"}
     out = []
     for tab in AB_TABS:
-        out += page_figures(AB, ab_a=a_id, ab_b=b_id, ab_tab=tab, ab_plans=plans,
-                            ab_plan_choice_A="a-plan.json", ab_plan_choice_B="b-plan.json")
+        out += page_figures(AB, ab_a=a_id, ab_b=b_id, ab_tab=tab, **plans)
     return out
 
 
@@ -77,9 +80,7 @@ def default_pair_figures(tiny_builds):
 
 @pytest.fixture(scope="module")
 def coreai_pair_figures(coreai_builds):
-    a, b = (load_analysis(coreai_builds[v]) for v in ("repeat_kv", "qfold"))
-    ids = tuple(f"build:{coreai_builds[v].name}" for v in ("repeat_kv", "qfold"))
-    return ab_figures(*ids, plan_bytes(a), plan_bytes(b))
+    return ab_figures(*(f"build:{coreai_builds[v].name}" for v in ("repeat_kv", "qfold")))
 
 
 def test_every_chart_of_the_default_pair_has_axes_that_fit_its_data(default_pair_figures):

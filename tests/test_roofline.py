@@ -109,6 +109,8 @@ def test_roofline_chart_has_log_axes_with_units_and_a_point_per_phase():
     assert "FLOP per byte" in fig.layout.xaxis.title.text and "FLOP/s" in fig.layout.yaxis.title.text
     roof_trace = fig.data[0]
     assert max(roof_trace.y) == pytest.approx(ROOF.flops_per_s)
-    xs = [x for t in fig.data[1:] for x in t.x]
+    ridge = next(t for t in fig.data if t.name == "ridge")  # drawn in data coordinates, not an annotation
+    assert list(ridge.x) == pytest.approx([ROOF.ridge_flops_per_byte] * 2) and not fig.layout.annotations
+    xs = [x for t in fig.data[1:] if t.name != "ridge" for x in t.x]
     assert xs == pytest.approx(list(frame["intensity_flops_per_byte"]))
     assert all(math.isfinite(y) for t in fig.data for y in t.y)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from analyzer.fmt import MB
 from analyzer.predict.bandwidth_model import DEFAULT_MAX_RESIDUAL_PCT
 from analyzer.predict.fit import BandwidthFit
 from analyzer.predict.roof_check import RoofRow
-from analyzer.report.figures import CATEGORY_COLORS, COLOR_A, COLOR_B, DEVICE_COLORS, style
+from analyzer.report.figures import CATEGORY_COLORS, COLOR_A, COLOR_B, DEVICE_COLORS, log_axis, style
 
 BANDWIDTH_COLUMNS = ("build", "device", "n", "measured_tok_per_s", "graph_bytes_per_token",
                      "inferred_bytes_per_token", "predicted_tok_per_s", "residual_pct", "gap_bytes", "gap_pct",
@@ -94,9 +93,8 @@ def bandwidth_figure(frame: pd.DataFrame, curves: Sequence[BandwidthCurve]) -> g
                         hovertemplate="%{x:,.0f} MB/token → %{y:.2f} tok/s<extra>" + c.label + "</extra>")
     # The view is the measurements' (a fitted curve far off them must not squash the points into a corner).
     tok = [float(v) for v in mapped["measured_tok_per_s"]] or [1.0, 100.0]
-    fig.update_xaxes(type="log", title_text="bytes per token (MB = 10^6 B, log)",
-                     range=[math.log10(lo / 1.6), math.log10(hi * 1.6)])
-    fig.update_yaxes(type="log", title_text="tok/s (log)", range=[math.log10(min(tok) / 2), math.log10(max(tok) * 2)])
+    fig.update_xaxes(**log_axis(xs or [lo, hi], "bytes per token (MB = 10^6 B, log)"))
+    fig.update_yaxes(**log_axis(tok, "tok/s (log)"))
     fig = style(fig, "Measured tok/s vs bytes per token: graph (●) and inferred (○)", height=520)
     fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.16, "xanchor": "left", "x": 0.0},
                       margin={"b": 140})

@@ -7,6 +7,7 @@ drawn is what is tabled. MiB (2^20 bytes) and MB (10^6 bytes) appear only on axe
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +44,38 @@ def style(fig: go.Figure, title: str, **kwargs: Any) -> go.Figure:
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
                       template="plotly_white", **kwargs)
     return fig
+
+
+LOG_PAD = 1.6  # a log axis reaches a factor 1.6 (0.2 decade) past its extreme values: markers and labels stay whole
+_SI_STEPS = ((1e15, 1e15, "P"), (1e12, 1e12, "T"), (1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k"))  # from, scale
+
+
+def tick_label(value: float) -> str:
+    """A log axis's tick as the value it marks: ``0.5``, ``20``, ``5,000``, ``20k``, ``1G``, ``10T`` (from 10^4 up
+    with an SI prefix, below with thousands separators), never plotly's bare leading digit."""
+    for start, scale, prefix in _SI_STEPS:
+        if value >= start:
+            return f"{value / scale:,.3g}{prefix}"
+    return f"{value:,.0f}" if value >= 1 else f"{value:.3g}"
+
+
+def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Ticks for a log axis over ``[lo, hi]`` (data units): 1-2-5 in each decade up to 3 decades, every power of ten
+    beyond (a label per decade either way), each labelled with its value (:func:`tick_label`)."""
+    steps = (1, 2, 5) if math.log10(hi / lo) <= 3 else (1,)
+    ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in steps]
+    shown = [t for t in ticks if lo <= t <= hi]
+    return shown, [tick_label(t) for t in shown]
+
+
+def log_axis(values: Sequence[float], title: str, pad: float = LOG_PAD) -> dict[str, Any]:
+    """A log axis's settings (for ``update_xaxes``/``update_yaxes``) whose range holds every positive finite value of
+    ``values`` with ``pad`` to spare, labelled by :func:`log_ticks`; ``title`` carries the unit."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v)) and float(v) > 0] or [1.0, 10.0]
+    lo, hi = min(finite) / pad, max(finite) * pad
+    tickvals, ticktext = log_ticks(lo, hi)
+    return {"type": "log", "title_text": title, "range": [math.log10(lo), math.log10(hi)], "tickvals": tickvals,
+            "ticktext": ticktext, "autorange": False}
 
 
 def layer_name(layer: int | None) -> str:

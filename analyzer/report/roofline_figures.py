@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from analyzer import fmt
 from analyzer.analysis.record import Analysis
 from analyzer.predict.roofline import CallPrediction, PrefillRun, Roof, TimeToFirstToken, predict
-from analyzer.report.figures import COLOR_A, COLOR_B, DEVICE_COLORS, style
+from analyzer.report.figures import COLOR_A, COLOR_B, DEVICE_COLORS, log_axis, style
 
 PHASE_COLUMNS = ("side", "label", "phase", "tokens_per_call", "kv_replication_tiles", "tile_output_bytes",
                  "bytes_per_call", "bytes_per_token", "flops_per_call", "flops_per_token", "intensity_flops_per_byte",
@@ -69,6 +69,16 @@ def roof_line(roof: Roof, x_lo: float, x_hi: float) -> tuple[list[float], list[f
     return xs, [roof.attainable_flops_per_s(x) for x in xs]
 
 
+def _ridge(fig: go.Figure, roof: Roof, line_y: Sequence[float]) -> None:
+    """The ridge as a dotted vertical segment in data coordinates, from the roof's foot to its ceiling, labelled at
+    the top (a ``add_vline`` annotation on a log axis is read as the log10 of its position: 10^ridge)."""
+    ridge = roof.ridge_flops_per_byte
+    fig.add_scatter(x=[ridge, ridge], y=[min(line_y), roof.flops_per_s], mode="lines+text",
+                    text=["", f"ridge {ridge:,.0f} FLOP/byte"], textposition="top right", name="ridge",
+                    line={"dash": "dot", "color": "#888", "width": 1}, showlegend=False,
+                    hovertemplate="ridge: %{x:,.0f} FLOP/byte<extra></extra>")
+
+
 def roofline_figure(frame: pd.DataFrame, roof: Roof) -> go.Figure:
     """Operational intensity (FLOP/byte) against attainable FLOP/s, both axes logarithmic: the device's roof
     (bandwidth slope, compute ceiling, the ridge between them) and every (side, phase) of ``phase_frame`` at the
@@ -81,8 +91,7 @@ def roofline_figure(frame: pd.DataFrame, roof: Roof) -> go.Figure:
     line_x, line_y = roof_line(roof, x_lo, x_hi)
     fig.add_scatter(x=line_x, y=line_y, mode="lines", name=f"roof: {roof.label}", line={"color": "#444", "width": 2},
                     hovertemplate="%{x:,.3g} FLOP/byte → %{y:,.3g} FLOP/s<extra>roof</extra>")
-    fig.add_vline(x=ridge, line={"dash": "dot", "color": "#888"},
-                  annotation_text=f"ridge {ridge:,.0f} FLOP/byte", annotation_position="bottom right")
+    _ridge(fig, roof, line_y)
     for i, ((side, phase), part) in enumerate(frame.groupby(["side", "phase"], sort=False)):
         color = _SIDE_COLORS.get(str(side), DEVICE_COLORS[i % len(DEVICE_COLORS)])
         flops = [int(f) / float(t) if float(t) > 0 else 0.0
@@ -95,10 +104,10 @@ def roofline_figure(frame: pd.DataFrame, roof: Roof) -> go.Figure:
             customdata=list(zip(part["bound"], part["time_per_call_s"] * 1e3, part["tok_per_s"], strict=True)),
             hovertemplate="%{text}<br>%{x:,.3g} FLOP/byte, %{y:,.3g} FLOP/s<br>%{customdata[0]}-bound, "
                           "%{customdata[1]:,.3f} ms per call, %{customdata[2]:,.1f} tok/s<extra></extra>")
-    fig.update_xaxes(type="log", title="operational intensity (FLOP per byte moved)")
-    fig.update_yaxes(type="log", title="attainable FLOP/s", range=[math.log10(max(min(line_y), 1.0)) - 0.3,
-                                                                     math.log10(roof.flops_per_s) + 0.3])
-    return style(fig, "Roofline: each function of A and B on the device's roofs")
+    drawn_y = [v for trace in fig.data for v in trace.y if v is not None]
+    fig.update_xaxes(**log_axis([x_lo, x_hi], "operational intensity (FLOP per byte moved)", pad=1.0))
+    fig.update_yaxes(**log_axis(drawn_y, "attainable FLOP/s"))
+    return style(fig, f"Roofline: each function of A and B on {roof.label}")
 
 
 PREFILL_RUN_COLUMNS = ("build", "device", "n", "measured_tok_per_s", "tokens_per_call", "flops_per_token",
@@ -140,6 +149,9 @@ def prefill_runs_figure(frame: pd.DataFrame, roof: Roof) -> go.Figure:
         fig.add_scatter(x=x, y=[roof.attainable_flops_per_s(v) for v in x], mode="markers", showlegend=False,
                         marker={"size": 11, "color": color, "symbol": "circle-open"},
                         hovertemplate="roofline bound %{y:,.3g} FLOP/s<extra></extra>")
-    fig.update_xaxes(type="log", title="operational intensity of the prefill call (FLOP per byte moved)")
-    fig.update_yaxes(type="log", title="FLOP/s (measured prompt tok/s × FLOPs per prompt token)")
-    return style(fig, "Prefill runs against the compute roof")
+    _ridge(fig, roof, line_y)
+    drawn_y = [v for trace in fig.data for v in trace.y if v is not None]
+    fig.update_xaxes(**log_axis([x_lo, x_hi], "operational intensity of the prefill call (FLOP per byte moved)",
+                                pad=1.0))
+    fig.update_yaxes(**log_axis(drawn_y, "FLOP/s (measured prompt tok/s × FLOPs per prompt token)"))
+    return style(fig, f"Prefill runs against the compute roof of {roof.label}")

@@ -10,7 +10,6 @@ condition (runs averaged as seconds per token). Both charts have log axes and na
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ import plotly.graph_objects as go
 
 from analyzer import fmt
 from analyzer.fmt import MB
-from analyzer.report.figures import DEVICE_COLORS, style
+from analyzer.report.figures import DEVICE_COLORS, log_axis, style
 from analyzer.sweep.table import FINISHED
 from analyzer.sweep.timing_report import observations_from
 
@@ -94,13 +93,9 @@ def _lines(fig: go.Figure, frame: pd.DataFrame, y: str, scale: float, hover: str
 
 
 def _log_axes(fig: go.Figure, y_title: str, values: Sequence[float]) -> None:
-    fig.update_xaxes(type="log", title_text="context length (KV cache slots, log)")
-    finite = [v for v in values if v and math.isfinite(v) and v > 0]
-    if finite:
-        fig.update_yaxes(type="log", title_text=y_title,
-                         range=[math.log10(min(finite) / 1.5), math.log10(max(finite) * 1.5)])
-    else:
-        fig.update_yaxes(type="log", title_text=y_title)
+    ctx = [float(x) for trace in fig.data for x in (trace.x or ()) if x is not None]
+    fig.update_xaxes(**log_axis(ctx, "context length (KV cache slots, log)"))
+    fig.update_yaxes(**log_axis(values, y_title))
 
 
 def tok_per_s_figure(frame: pd.DataFrame, measured: pd.DataFrame | None = None, profile_label: str = "") -> go.Figure:
