@@ -348,7 +348,7 @@ with t_drill:
 
 with t_phases:
     if t_phases.open:
-        phases.ab_section(ref_a, ref_b, label_a, label_b, refs)
+        phases.ab_section(ref_a, ref_b, label_a, label_b, refs, bw)
 
 with t_place:
     if t_place.open:

@@ -16,8 +16,8 @@ from analyzer.report import bandwidth_figures as figures
 from analyzer.report import frames
 from analyzer.report import roofline_figures as rf
 from analyzer.report.assumptions import assumption_notes
-from analyzer.report.catalog import phase_sibling
 from analyzer.report.labels import sized_graph_bytes
+from analyzer.report.siblings import nearest_phase_sibling
 from analyzer.sweep.timing_report import device_model_report, report_text, table_from_analyses
 from app_pages import analyses, bandwidth_control, logs_state, phases, widgets
 
@@ -136,6 +136,9 @@ st.plotly_chart(figures.residual_figure(frame), key="bw_residual_chart")
 
 # ---------------------------------------------------------------------------------------------- fits
 st.subheader("Fits per device")
+st.caption("Each verdict judges its device's own least-squares fit (the bandwidth at the end of its sentence), "
+           "which is what tells whether one bandwidth explains the builds; the predictions and residuals above use "
+           + ("each device's fit." if bw.fixed_bytes_per_s is None else f"the bandwidth setting, {bw.label}."))
 if not fits:
     st.info("No device has a build mapped to an analysis, so nothing can be fitted.")
 for f in fits:
@@ -167,14 +170,19 @@ else:
     key = widgets.persisted_selectbox("Device roofs for the prefill runs", list(profiles), "bw_roof_profile",
                                      default=phases.DEFAULT_ROOF_PROFILE, format_func=lambda k: profiles[k].label)
     roof = Roof.of(profiles[key])
-    prefill_analyses = {}
+    prefill_analyses, nearest = {}, []
     for label, ref_id in mapping.items():
-        sibling = phase_sibling(by_id[ref_id], "prefill", refs) if ref_id and ref_id in by_id else None
-        prefill_analyses[label] = analyses.load(sibling) if sibling is not None else None
+        sibling = nearest_phase_sibling(by_id[ref_id], "prefill", refs) if ref_id and ref_id in by_id else None
+        prefill_analyses[label] = analyses.load(sibling.ref) if sibling is not None else None
+        if sibling is not None and sibling.differences:
+            nearest.append(f"{fmt.md(label)} → {fmt.md(sibling.ref.label)} ({'; '.join(sibling.differences)})")
     runs = prefill_runs(prefill_summaries, prefill_analyses, roof)
     prefill_frame = rf.prefill_runs_frame(runs)
     if prefill_frame["implied_flops_per_s"].notna().any():
         st.plotly_chart(rf.prefill_runs_figure(prefill_frame, roof), key="bw_prefill_chart")
+    if nearest:
+        st.caption("FLOPs per prompt token from the nearest prefill analysis (no prefill analysis of exactly the "
+                   "mapped spec): " + "; ".join(nearest) + ".")
     widgets.table_with_download(prefill_frame, "bw_prefill_csv", "prefill_runs.csv",
                                caption="implied FLOP/s = measured prompt tok/s × FLOPs per prompt token of the "
                                        "mapped label's prefill analysis (a prefill build, or the prefill function of a "

@@ -96,3 +96,31 @@ def test_bandwidth_page_holds_prefill_runs_against_the_compute_roof(tiny_phase_b
     prefill = next(a for a in load_analyses(tiny_phase_builds["qfold"]) if a.function == "prefill")
     assert row.flops_per_token == prefill.flops.per_token().total
     assert row.implied_flops_per_s == pytest.approx(900 * prefill.flops.per_token().total)
+
+
+def test_the_default_pair_finds_the_shipped_prefill_pair_at_the_pages_one_bandwidth(tiny_builds):
+    """The A/B opens on the pair the example log measured (top8); qfold ships the fp16 prefill-64 analyses of both
+    variants: the tab finds them, says how they differ, and predicts at the headline's bandwidth."""
+    from analyzer.analysis.record import load_analysis
+    from analyzer.report.bandwidth_setting import BandwidthSetting
+    from analyzer.report.catalog import catalog
+
+    refs = {r.id: r for r in catalog()}
+    a, b = (load_analysis(refs[f"shipped:exaone-4.0-1.2b-{v}-state-ctx4096-top8"].path) for v in ("repeat_kv", "qfold"))
+    at = _open(ab_tab=TAB)
+    table = next(d.value for d in at.dataframe if "bound" in d.value.columns)
+    assert list(zip(table["side"], table["phase"], strict=True)) == [
+        ("A", "decode"), ("A", "prefill"), ("B", "decode"), ("B", "prefill")]
+    assert list(table["tokens/call"]) == [1, 64, 1, 64] and list(table["KV tiles"]) == [60, 60, 0, 0]
+    assert not any("has no prefill" in i.value for i in at.info)
+    assert sum("compression fp16, not top8" in c for c in texts(at.caption)) == 2  # said for A and for B
+    assert not any("--" in str(i.value) for i in at.info)  # settings, never flags
+    bw = next(n for n in at.number_input if n.label == "Bandwidth (GB/s)")
+    assert bw.value == pytest.approx(55.9)  # the write-up's 55,900 MB/s: the headline's bandwidth
+    decode = table[table["phase"] == "decode"]["tok/s"]
+    assert list(decode) == pytest.approx([55.9e9 / a.bytes_per_token.total, 55.9e9 / b.bytes_per_token.total])
+    assert any("(the page's setting)" in t for t in texts(at.markdown))
+    at = _open(ab_tab=TAB, bw_setting=BandwidthSetting("typed", typed_mb_per_s=70_000.0))  # another setting
+    assert next(n for n in at.number_input if n.label == "Bandwidth (GB/s)").value == pytest.approx(70.0)
+    table = next(d.value for d in at.dataframe if "bound" in d.value.columns)
+    assert table[table["phase"] == "decode"]["tok/s"].iloc[0] == pytest.approx(70e9 / a.bytes_per_token.total)

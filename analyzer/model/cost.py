@@ -89,6 +89,9 @@ class BuildCost:
     mode: str = MATERIALISED_MODE  # the build mode estimated (analyzer.model.spec.BUILD_MODES)
     wall_s: float = 0.0  # per build, on the bench machine
     package_bytes: int | None = None  # per build; None: an analysis-mode build keeps no package
+    layers: int = 0
+    builds: int = 1  # the builds of one request (an A/B's variants, converted by one child)
+    weight_bytes: int = 0  # the torch weights' bytes (fp16: 2 per parameter, fp32: 4)
 
     @property
     def fits(self) -> bool:
@@ -152,6 +155,18 @@ def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COR
     fixed_s, s_per_gb = SECONDS_BY_MODE[known]
     return BuildCost(params, 2 * params, kv, peak, memory_limit_bytes(), known, fixed_s + s_per_gb * 2 * params / 1e9,
                      2 * params if known == MATERIALISED_MODE else None)
+
+
+def estimate_builds(specs) -> BuildCost:
+    """The cost of one request: ``specs`` (``analyzer.model.spec.BuildSpec``) converted by one child."""
+    from dataclasses import replace
+
+    from analyzer.model.sources import load_config
+
+    s = specs[0]
+    c = estimate(load_config(s.source), s.ctx, s.build_mode, s.backend, s.weights)
+    g = geometry_of(load_config(s.source))
+    return replace(c, builds=len(specs), layers=g.num_layers, weight_bytes=WEIGHT_BYTES[s.weights] * c.params)
 
 
 def _gb(n: int) -> str:

@@ -115,6 +115,16 @@ def inferred_vs_graph_figure(frame: pd.DataFrame) -> go.Figure:
                    xaxis_tickangle=-20)
 
 
+def residual_bandwidth(frame: pd.DataFrame) -> str:
+    """The bandwidth the rows' predictions (and so their residuals) used: one value and its source, or each
+    device's own when they differ (a second figure on a page says which bandwidth it used)."""
+    used = list(dict.fromkeys(zip(frame["bw_bytes_per_s"], frame["bw_source"], strict=True)))
+    if len(used) == 1:
+        bw, source = used[0]
+        return fmt.plot_text(f"{fmt.bandwidth(float(bw))} ({source})")
+    return "each device's bandwidth (the table's bw_source)"
+
+
 def residual_figure(frame: pd.DataFrame, threshold_pct: float = DEFAULT_MAX_RESIDUAL_PCT) -> go.Figure:
     """(measured − predicted) / measured per mapped (build, device), in percent; bars beyond
     ``threshold_pct`` are drawn red."""
@@ -126,7 +136,7 @@ def residual_figure(frame: pd.DataFrame, threshold_pct: float = DEFAULT_MAX_RESI
                            textposition="outside", hovertemplate="%{x}: %{y:+.1f}%<extra></extra>"))
     fig.add_hline(y=0, line={"color": "#666", "width": 1})
     span = max([abs(v) for v in values] + [1.0])
-    return style(fig, "Residuals: (measured − predicted) / measured", yaxis_title="%",
+    return style(fig, f"Residuals at {residual_bandwidth(part)}: (measured − predicted) / measured", yaxis_title="%",
                    yaxis_range=[-span * 1.3, span * 1.3], showlegend=False, xaxis_tickangle=-20)
 
 

@@ -191,6 +191,10 @@ def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str =
         parts += [f"<p class='note'><b>Assumed:</b> {e(note)}</p>" for note in bandwidth.assumptions]
         if len(bandwidth.pairs):
             parts += ["<p>A/B pairs (a = the build with more graph bytes):</p>", _table(bandwidth.pairs)]
+        if bandwidth.verdicts:
+            parts.append("<p class='meta'>Each verdict judges its device's own least-squares fit (the bandwidth at the "
+                         "end of its sentence); the predictions and residuals above use the bandwidth the table's "
+                         "bw_source names.</p>")
         parts += [f"<p class='note'>{e(v)}</p>" for v in bandwidth.verdicts]
     parts.append("</body></html>")
     return "\n".join(parts)

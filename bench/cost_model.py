@@ -1,0 +1,187 @@
+"""The cost model against measurement (issues 43 and 44): build each kind of request qfold runs, as one child runs it
+(``run_builds``: an A/B's variants in one child), in a fresh builds folder, and record its wall time and the peak RSS
+of its whole process tree beside what ``analyzer.model.cost.estimate_builds`` says before it starts.
+
+    PYTHONPATH=. .venv/bin/python bench/cost_model.py run KIND [KIND ...]      (analysis-mode kinds, ~1-3 GB)
+    flock /tmp/qfold-fullsize.lock env PYTHONPATH=. .venv/bin/python bench/cost_model.py run coreml-mat-ab
+    PYTHONPATH=. .venv/bin/python bench/cost_model.py check     (every measured row against today's estimate)
+    PYTHONPATH=. .venv/bin/python bench/cost_model.py list
+
+Kinds (``KINDS``): both backends, both build modes, 2 layers to 70B, decode, prefill, decode+prefill and compressed.
+Full-size materialised kinds (``heavy``) must run alone, under the machine-wide lock. Results go to
+bench/results/cost_model.json, one row per kind (an earlier row of the same kind moves to ``history``), each with the
+machine's load average, the commit measured, the request's features (parameters, weight bytes, KV state bytes,
+layers, variants) and the estimate; ``check`` exits 1 when an estimate is more than ``TOLERANCE`` off a measured
+peak, and prints the time estimates beside (wall time depends on the machine's load: stated, not enforced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.fast import TreeRss, code_commit, machine
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "cost_model.json"
+TOLERANCE = 0.25  # issue 43: the estimate within 25% of the measured peak for every kind measured
+STRUCTURE = ("hidden_size=256", "intermediate_size=512", "vocab_size=1000")  # analyzer.model.sources
+TWO_LAYERS = (*STRUCTURE, "num_hidden_layers=2")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One request as the Builds page, the CLI or a sweep makes it."""
+
+    preset: str
+    ctx: int = 4096
+    variants: tuple[str, ...] = ("repeat_kv", "qfold")
+    mode: str = "analysis"
+    backend: str = "coreml"
+    weights: str = "fp16"
+    overrides: tuple[str, ...] = ()
+    phase: str = "decode"
+    q_len: int = 1
+    compression: str | None = None  # a preset name (analyzer.convert.compress.PRESETS)
+    heavy: bool = False  # a full-size materialised build: alone, under flock /tmp/qfold-fullsize.lock
+
+    def specs(self):
+        from analyzer.convert.compress import canonical_spec
+        from analyzer.model.sources import geometry_of, load_config, resolve_source
+        from analyzer.model.spec import BuildSpec
+
+        source = resolve_source(self.preset, list(self.overrides))
+        comp = canonical_spec(self.compression, geometry_of(load_config(source)).num_layers) \
+            if self.compression else None
+        return [BuildSpec(source, v, "state", self.ctx, comp, phase=self.phase, q_len=self.q_len,
+                          build_mode=self.mode, backend=self.backend, weights=self.weights) for v in self.variants]
+
+
+E = "exaone-4.0-1.2b"
+KINDS: dict[str, Kind] = {
+    # analysis mode, Core ML: the Builds page's default (structure A/B), 2 layers, full size 1.2B-70B, long ctx
+    "coreml-an-structure-ab": Kind(E, overrides=STRUCTURE),
+    "coreml-an-2layer-ab": Kind(E, overrides=TWO_LAYERS),
+    "coreml-an-exaone-ab": Kind(E),
+    "coreml-an-exaone-ab-prefill64": Kind(E, phase="prefill", q_len=64),
+    "coreml-an-exaone-ab-top8": Kind(E, compression="top8"),
+    "coreml-an-llama8b-ab": Kind("llama-3.1-8b"),
+    "coreml-an-llama8b-ab-ctx32768": Kind("llama-3.1-8b", ctx=32768),
+    "coreml-an-qwen7b-ab": Kind("qwen2.5-7b"),
+    "coreml-an-mistral7b-ab": Kind("mistral-7b-v0.3"),
+    "coreml-an-llama70b-ab": Kind("llama-3.1-70b"),
+    # analysis mode, Core AI
+    "coreai-an-2layer-ab": Kind(E, overrides=TWO_LAYERS, backend="coreai"),
+    "coreai-an-structure-ab": Kind(E, overrides=STRUCTURE, backend="coreai"),
+    "coreai-an-exaone-qfold": Kind(E, variants=("qfold",), backend="coreai"),
+    # materialised, small
+    "coreml-mat-2layer-ab": Kind(E, overrides=TWO_LAYERS, mode="materialised"),
+    "coreml-mat-structure-ab": Kind(E, overrides=STRUCTURE, mode="materialised"),
+    "coreai-mat-2layer-ab": Kind(E, overrides=TWO_LAYERS, mode="materialised", backend="coreai"),
+    # materialised, full size (one at a time, under the lock)
+    "coreml-mat-exaone-qfold": Kind(E, variants=("qfold",), mode="materialised", heavy=True),
+    "coreml-mat-exaone-ab": Kind(E, mode="materialised", heavy=True),
+    "coreml-mat-exaone-ab-prefill64": Kind(E, mode="materialised", phase="prefill", q_len=64, heavy=True),
+    "coreml-mat-exaone-ab-decode+prefill64": Kind(E, mode="materialised", phase="decode+prefill", q_len=64,
+                                                  heavy=True),
+    "coreml-mat-exaone-ab-top8": Kind(E, mode="materialised", compression="top8", heavy=True),
+    "coreai-mat-exaone-qfold": Kind(E, variants=("qfold",), mode="materialised", backend="coreai", heavy=True),
+    "coreai-mat-exaone-qfold-fp32": Kind(E, variants=("qfold",), mode="materialised", backend="coreai",
+                                         weights="fp32", heavy=True),
+}
+
+
+def features(specs) -> dict:
+    """What the cost model reads: the request's parameters, weight, KV and layer figures (as the estimate sees them)."""
+    from analyzer.model.cost import estimate_builds
+
+    cost = estimate_builds(specs)
+    return {"params": cost.params, "weight_bytes": cost.weight_bytes, "kv_state_bytes": cost.kv_state_bytes,
+            "layers": cost.layers, "builds": len(specs), "estimated_peak_rss_bytes": cost.peak_rss_bytes,
+            "estimated_wall_s": round(cost.wall_s, 1)}
+
+
+def run_kind(name: str) -> dict:
+    from analyzer.convert.launch import run_builds
+
+    kind = KINDS[name]
+    specs = kind.specs()
+    before = features(specs)
+    tmp = Path(tempfile.mkdtemp(prefix="qfold-cost-"))
+    try:
+        with TreeRss() as rss:
+            t0 = time.monotonic()
+            run_builds(specs, tmp, on_progress=lambda p: print(
+                f"  [{time.monotonic() - t0:7.1f} s {p.fraction * 100:3.0f}%] {p.stage}: {p.message}", flush=True))
+            wall = time.monotonic() - t0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"kind": {k: v for k, v in kind.__dict__.items()}, **before, "wall_s": round(wall, 1),
+            "peak_rss_tree_bytes": rss.peak_bytes, "max_process_rss_bytes": rss.max_process_bytes,
+            "when": time.strftime("%Y-%m-%d %H:%M:%S"), "code_commit": code_commit(), "machine": machine()}
+
+
+def save(name: str, row: dict) -> None:
+    data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"rows": {}, "history": {}}
+    old = data["rows"].get(name)
+    if old is not None:
+        data["history"].setdefault(name, []).append(old)
+    data["rows"][name] = row
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(RESULTS)
+
+
+def check() -> int:
+    """Every measured row against today's estimate of the same request; 1 when a peak is off by more than 25%."""
+    from analyzer.model.cost import estimate_builds
+
+    data = json.loads(RESULTS.read_text())
+    bad = 0
+    print(f"{'kind':40s} {'measured':>9s} {'estimate':>9s} {'off':>7s}   {'wall':>7s} {'est. wall':>9s} {'off':>7s}")
+    for name, row in data["rows"].items():
+        kind = Kind(**{**row["kind"], "variants": tuple(row["kind"]["variants"]),
+                       "overrides": tuple(row["kind"]["overrides"])})
+        cost = estimate_builds(kind.specs())
+        off = cost.peak_rss_bytes / row["peak_rss_tree_bytes"] - 1
+        wall_off = cost.wall_s / row["wall_s"] - 1
+        bad += abs(off) > TOLERANCE
+        print(f"{name:40s} {row['peak_rss_tree_bytes'] / 1e9:8.2f}G {cost.peak_rss_bytes / 1e9:8.2f}G {off:+7.0%}"
+              f"{' !' if abs(off) > TOLERANCE else '  '} {row['wall_s']:6.0f}s {cost.wall_s:8.0f}s {wall_off:+7.0%}"
+              f"  (load {row['machine']['load_average_1_5_15'][0]:.1f})")
+    print(f"{bad} of {len(data['rows'])} peaks more than {TOLERANCE:.0%} off")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("run")
+    pr.add_argument("kinds", nargs="+", choices=sorted(KINDS))
+    sub.add_parser("check")
+    sub.add_parser("list")
+    a = p.parse_args(argv)
+    if a.cmd == "list":
+        for name, kind in KINDS.items():
+            print(f"{name:40s} {'heavy' if kind.heavy else ''}")
+        return 0
+    if a.cmd == "check":
+        return check()
+    for name in a.kinds:
+        print(f"{name}: {KINDS[name]}", flush=True)
+        row = run_kind(name)
+        save(name, row)
+        print(f"{name}: {row['wall_s']:.0f} s, {row['peak_rss_tree_bytes'] / 1e9:.2f} GB tree peak "
+              f"(estimated {row['estimated_wall_s']:.0f} s, {row['estimated_peak_rss_bytes'] / 1e9:.2f} GB)",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
