@@ -10,21 +10,20 @@ from analyzer.compare.diff import diff_analyses
 from analyzer.convert.jobs import BuildJob
 from analyzer.convert.rebuild import full_size_spec
 from analyzer.errors import QfoldError
-from analyzer.model.cost import estimate
-from analyzer.model.sources import load_config
+from analyzer.model.cost import estimate_builds
 from analyzer.report import figures, frames, twins
 from analyzer.report import placement_figures as pf
 from analyzer.report.assumptions import WEIGHT_CHARGE_TEXT
 from analyzer.report.catalog import AnalysisRef, builds_root, default_pair, matching_pair, shipped_analyses
 from analyzer.report.compare import compare, structure_caveat
 from analyzer.report.headline import (
-    NO_RUNTIME_NOTE,
-    UNITS_NOTE,
     ab_headline,
     equivalence_text,
     headline_cards,
     headline_frame,
     package_fold_summary,
+    runtime_note,
+    units_note,
 )
 from analyzer.report.messages import for_ui
 from analyzer.report.twins import backend_twin
@@ -86,7 +85,7 @@ def rebuild_for_real(selected: tuple[AnalysisRef, AnalysisRef] | None) -> None:
             st.info("Nothing to rebuild for this pair.")
             return
         try:
-            costs = [estimate(load_config(s.source), s.ctx, s.build_mode) for s in specs]
+            costs = [estimate_builds([s]) for s in specs]
         except QfoldError as e:
             widgets.error(e)
             return
@@ -229,7 +228,8 @@ with about:
         st.warning(f"**Equivalence**: {fmt.md_text(for_ui(equivalence_text(eq)))}.", icon=":material/gpp_maybe:")
     else:
         st.success(f"**Equivalence**: {equivalence_text(eq)}.", icon=":material/check_circle:")
-st.caption(f"{NO_RUNTIME_NOTE} {UNITS_NOTE}")
+backends = (analysis_a.program.backend, analysis_b.program.backend)
+st.caption(f"{runtime_note(backends)} {units_note(backends)}")
 
 # ---------------------------------------------------------------------------------------------- both backends
 twin = backend_twin((ref_a, ref_b), refs)

@@ -44,8 +44,9 @@ graph, left_out = sized_graph_bytes(mapped)
 for line in left_out:  # an analysis that could not be sized gives no bytes per token to fit
     st.warning(fmt.md_text(line), icon=":material/warning:")
 mapped_to = sorted({by_id[i].label for i in mapping.values() if i in by_id})
-source = ("the write-up's published figures (`examples/writeup_device_logs.csv`)" if logs_state.using_example_log()
-          else "this session's uploaded logs")
+example = "the write-up's published figures (`examples/writeup_device_logs.csv`)"
+source = (example if logs_state.using_example_log() else
+          f"{example} and this session's logs" if logs_state.example_shown() else "this session's logs")
 st.info(f"Using {source}; build labels mapped to: {'; '.join(map(fmt.md, mapped_to)) or 'nothing yet'}. Change the "
         "logs or the mapping on the Device logs page.", icon=":material/science:")
 

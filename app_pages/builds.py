@@ -13,7 +13,7 @@ import streamlit as st
 
 from analyzer import fmt
 from analyzer.analysis.record import load_analysis
-from analyzer.convert.builds_folder import latest_log, queue
+from analyzer.convert.builds_folder import latest_log, machine_queue, queue
 from analyzer.convert.compress import PRESETS, canonical_spec
 from analyzer.convert.jobs import BuildJob, JobSnapshot
 from analyzer.convert.launch import LOG_FILE, is_complete, unreadable_builds
@@ -66,9 +66,12 @@ widgets.restore_form(FORM_DEFAULTS)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def preview_cost(config_json: str, ctx: int, mode: str, backend: str, weights: str) -> BuildCost:
-    """The pre-conversion check (analyzer.model.cost): refused here, before anything is queued."""
-    return check_request(load_config_dict(json.loads(config_json)), ctx, mode=mode, backend=backend, weights=weights)
+def preview_cost(config_json: str, ctx: int, mode: str, backend: str, weights: str, builds: int = 1,
+                 phase: str = "decode", q_len: int = 1, compressed: bool = False) -> BuildCost:
+    """The pre-conversion check (analyzer.model.cost) of a request of ``builds`` builds converted by one child:
+    refused here, before anything is queued."""
+    return check_request(load_config_dict(json.loads(config_json)), ctx, mode=mode, backend=backend, weights=weights,
+                         builds=builds, phase=phase, q_len=q_len, compressed=compressed)
 
 
 with st.container(border=True):
@@ -163,19 +166,22 @@ with st.container(border=True):
                     f"{g.num_kv_heads} KV heads (group {g.group_size}) · head_dim {g.head_dim} · hidden "
                     f"{g.hidden_size:,} · vocab {g.vocab_size:,} · "
                     + ("real weights from safetensors" if source.has_real_weights else "seeded random weights"))
+        n = max(1, len(variants))
+        q = 1 if phase == "decode" else q_len
         try:
-            cost = preview_cost(source.config_json, int(ctx), mode, backend, weights)
+            cost = preview_cost(source.config_json, int(ctx), mode, backend, weights, n, phase, q,
+                                compression != "none")
         except QfoldError as e:
             widgets.error(e, "Cannot convert this: ")
         else:
-            n = max(1, len(variants))
             peak = fmt.size(cost.peak_rss_bytes, "auto-si", None)
-            st.caption(f"Estimated **{cost.summary(n).removeprefix('~')}** (peak {peak} of a limit of "
+            st.caption(f"Estimated **{cost.summary().removeprefix('~')}** (peak {peak} of a limit of "
                        f"{fmt.size(cost.limit_bytes, 'auto-si', None)}; {cost.params:,} parameters, KV state "
-                       f"{fmt.size(cost.kv_state_bytes, 'auto-si', None)}). The variants run in one child process, "
-                       "which waits its turn: one conversion at a time on this machine.")
+                       f"{fmt.size(cost.kv_state_bytes, 'auto-si', None)}; {cost.error_text}). The variants run in "
+                       "one child process, which waits its turn: one conversion at a time per builds folder.")
             if mode == ANALYSIS_MODE:
-                export = preview_cost(source.config_json, int(ctx), "materialised", backend, weights)
+                export = preview_cost(source.config_json, int(ctx), "materialised", backend, weights, 1, phase, q,
+                                      compression != "none")
                 later = ("Build it materialised for a runnable .aimodel to run, fold or time" if backend == COREAI
                          else "Export a runnable package later from the Export page: that makes a materialised build")
                 st.caption(f"{later} ({export.summary().removeprefix('~')}).")
@@ -204,7 +210,7 @@ with st.container(border=True):
         st.caption(f"Already built (Convert reuses them at once): {', '.join(cached)}")
     if st.button("Convert", type="primary", icon=":material/play_arrow:", key="builds_convert",
                  disabled=not specs or bool(clash)):
-        jobs_state.start_job(BuildJob(specs, root))
+        jobs_state.start_job(BuildJob(specs, root, estimate=cost))
         st.toast(f"Started {len(specs)} build(s)")
 
 
@@ -250,6 +256,8 @@ def conversions() -> None:
             box.error(for_ui(s.error))
         for r in s.results:
             box.markdown(f"✓ `{r.key}` {'reused from the cache' if r.reused else f'built in {r.seconds:,.0f} s'}")
+        if s.state == "done" and (measured := jobs_state.measured_beside_estimate(s)):
+            box.markdown(f"Measured: {measured}.")
         log_key = f"builds_log_{s.id}"
         if s.state == "failed" and not st.session_state.get(f"{log_key}_opened"):
             st.session_state[log_key] = True  # a failed build opens its log once; the user may close it again
@@ -257,11 +265,17 @@ def conversions() -> None:
         if box.toggle("Show the log", key=log_key):
             box.code(log_tail(s.current_key or s.keys[-1]), language="text")
     st.subheader("Machine-wide queue")
-    q = queue(root)
+    q = machine_queue()
+    mine = str(root.resolve())
+    q += [e for e in queue(root) if (e.key, e.pid) not in {(m.key, m.pid) for m in q}]  # a child of an older qfold
     if q:
         now = time.time()
-        widgets.show_table(pd.DataFrame([{"build": e.key, "state": e.state, "pid": str(e.pid),
-                                         "waiting or running for (s)": round(now - e.since_s)} for e in q]))
+        widgets.show_table(pd.DataFrame([{"build": e.key, "state": e.state,
+                                         "builds folder": "this one" if e.root in ("", mine) else e.root,
+                                         "pid": str(e.pid), "waiting or running for (s)": round(now - e.since_s)}
+                                        for e in sorted(q, key=lambda e: e.since_s)]))
+        st.caption("Every conversion on this machine, whichever session, command or builds folder started it; one "
+                   "converts at a time per builds folder.")
     else:
         st.caption("Nothing queued or converting on this machine.")
     seen = st.session_state.setdefault("builds_jobs_seen", set())
@@ -285,6 +299,8 @@ def _build_row(path: str, function: str | None, stamp: float, label: str) -> dic
     a = load_analysis(path, function)
     return {
         "build": describe_spec(a.build.spec, a.function) if a.build else label,
+        "backend": {COREML: "Core ML", COREAI: "Core AI"}.get(a.program.backend, a.program.backend),
+        "mode": a.build.build_mode if a.build else "",
         "function": function or "",
         "tile ops": a.summary.tile_count,
         "tile output": fmt.size(a.summary.tile_output_bytes, "auto", None),

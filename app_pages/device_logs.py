@@ -5,7 +5,6 @@ an analysis."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict
 
 import pandas as pd
 import streamlit as st
@@ -16,32 +15,49 @@ from analyzer.measure.logs import FORMATS, LogLimits, normalize_label, summarize
 from analyzer.measure.placement import FORMATS as PLAN_FORMATS
 from analyzer.measure.placement import parse_plan
 from analyzer.report import bandwidth_figures as figures
+from analyzer.report import frames
+from analyzer.report.labels import same_model_analyses
 from app_pages import analyses, logs_state, widgets
 from app_pages.session_keys import Key
 
 st.title("Device logs")
 limit_mib = LogLimits().max_file_bytes / 2**20
-st.caption("One row per measured run. Read by content, whatever the file is called: "
-           + "; ".join(spec.description for spec in FORMATS.values())
-           + f". Up to {limit_mib:g} MiB per file; nothing is written to disk. Placement plans (where a device ran "
-           "each op) are read here too and offered on the A/B page: "
-           + "; ".join(spec.description for spec in PLAN_FORMATS.values()) + ".")
+st.caption("Upload or paste what a device measured: one row per run, in any format below (read by content, whatever "
+           "the file is called). Each log adds to the ones shown; nothing is written to disk but this session's copy, "
+           "which a reload keeps.")
+with st.expander("Formats read, limits, placement plans"):
+    st.markdown("\n".join(f"- {spec.description}" for spec in FORMATS.values()))
+    st.caption(f"Up to {limit_mib:g} MiB per file. Placement plans (where a device ran each op) are read here too and "
+               "offered on the A/B page's Placement tab:")
+    st.markdown("\n".join(f"- {spec.description}" for spec in PLAN_FORMATS.values()))
 
 
 def keep_uploads() -> None:
-    files = st.session_state.get("logs_uploader") or []
-    st.session_state[Key.LOGS_UPLOADS] = [(f.name, f.getvalue()) for f in files]
+    """The uploader's files join the session's uploads (restored after a reload, they are no longer in the
+    uploader); a file taken out of the uploader leaves them."""
+    now = [(f.name, f.getvalue()) for f in st.session_state.get("logs_uploader") or []]
+    before = st.session_state.get("logs_uploader_seen", [])
+    kept = [f for f in st.session_state.get(Key.LOGS_UPLOADS, []) if f not in before or f in now]
+    st.session_state[Key.LOGS_UPLOADS] = kept + [f for f in now if f not in kept]
+    st.session_state["logs_uploader_seen"] = now
     logs_state.compose_logs()
 
 
 def add_paste() -> None:
-    """A paste is one more file, named ``pasted text N``, read exactly as an upload (never written to disk)."""
+    """A paste is one more file, named ``pasted text N``, read exactly as an upload (kept in this session's store
+    under that name, never as a path)."""
     text = st.session_state.get("logs_paste_text") or ""
     if not text.strip():
         return
     pasted = st.session_state.setdefault(Key.LOGS_PASTED, [])
     pasted.append((f"pasted text {len(pasted) + 1}", text.encode("utf-8")))
     st.session_state["logs_paste_text"] = ""
+    logs_state.compose_logs()
+
+
+def forget_own_logs() -> None:
+    for key in (Key.LOGS_FILES, Key.LOGS_UPLOADS, Key.LOGS_PASTED, Key.LOGS_BENCH, Key.LOGS_PLANS):
+        st.session_state[key] = []
     logs_state.compose_logs()
 
 
@@ -79,14 +95,21 @@ if benched:
     st.info(f"{len(benched)} log(s) from bench runs on the Builds page ({', '.join(fmt.md(n) for n, _ in benched)}): "
             "Core AI builds timed on this machine's Core AI runtime, one row per build, under the build's own "
             "label, beside the uploaded logs.", icon=":material/timer:")
-if logs_state.using_example_log():
-    st.info("Showing the write-up's published figures (`examples/writeup_device_logs.csv`): the identical-condition "
-            "A/B (20.39 → 54.30 tok/s) and the device table. Upload or paste logs to replace them.",
-            icon=":material/science:")
-elif st.button("Back to the example log", key="logs_reset"):
-    for key in (Key.LOGS_FILES, Key.LOGS_UPLOADS, Key.LOGS_PASTED, Key.LOGS_BENCH, Key.LOGS_PLANS):
-        st.session_state[key] = []
-    st.rerun()
+own = st.session_state.get(Key.LOGS_FILES) or []
+with st.container(horizontal=True, gap="small", vertical_alignment="center"):
+    if logs_state.example_shown():
+        st.info("The write-up's published figures (`examples/writeup_device_logs.csv`: the identical-condition A/B, "
+                "20.39 → 54.30 tok/s, and the device table) are shown" + (f" beside your {len(own)} log(s)." if own
+                                                                          else ". Uploads and pastes add to them."),
+                icon=":material/science:")
+        st.button("Remove the example", key="logs_example_remove", icon=":material/delete:",
+                  on_click=logs_state.set_example, args=(False,))
+    else:
+        st.caption("The write-up's example log is removed.")
+        st.button("Show the example again", key="logs_example_add", icon=":material/science:",
+                  on_click=logs_state.set_example, args=(True,))
+    if own or st.session_state.get(Key.LOGS_PLANS):
+        st.button("Remove my logs", key="logs_reset", icon=":material/clear_all:", on_click=forget_own_logs)
 
 imported = logs_state.log_import()
 
@@ -141,8 +164,8 @@ st.caption(f"{by_phase['decode']} decode, {by_phase['prefill']} prefill and {by_
 widgets.table_with_download(imported.measurements_frame(), "logs_accepted_csv", "accepted_runs.csv", max_height=300)
 
 st.subheader("Per build, device and condition")
-summary = pd.DataFrame([{**asdict(s), "mean_s_per_token": s.mean_s_per_token}
-                        for s in summarize(imported.measurements, phase=None)])
+summary = frames.records_frame(summarize(imported.measurements, phase=None),
+                               mean_s_per_token=lambda s: s.mean_s_per_token)
 widgets.table_with_download(summary, "logs_summary_csv", "build_device_summary.csv",
                            caption="mean_tok_per_s is the harmonic mean of the runs (1 / mean seconds per token): the "
                                    "model is linear in time per token. Runs of different phase, context length, "
@@ -164,19 +187,34 @@ options = ["", *by_id]
 
 
 def remember(label: str, widget: str) -> None:
-    st.session_state[Key.LOGS_MAPPING] = {**st.session_state.get(Key.LOGS_MAPPING, {}),
-                                        label: st.session_state[widget] or None}
+    map_label(label, st.session_state[widget] or None)
+
+
+def map_label(label: str, ref_id: str | None) -> None:
+    st.session_state[Key.LOGS_MAPPING] = {**st.session_state.get(Key.LOGS_MAPPING, {}), label: ref_id}
+    logs_state.persist()
 
 
 for label in labels:
     widget = "logs_map_" + hashlib.sha256(label.encode()).hexdigest()[:12]  # labels are user text: never a key
     current = mapping.get(label) or ""
-    st.selectbox(fmt.md(label), options, index=options.index(current) if current in options else 0, key=widget,
+    if st.session_state.get(widget) != current:  # the mapping (restored, or mapped by a button) leads the picker
+        st.session_state[widget] = current if current in options else ""
+    st.selectbox(fmt.md(label), options, key=widget,
                  on_change=remember, args=(label, widget),
                  format_func=lambda i: by_id[i].label if i else logs_state.UNMAPPED)
     match = auto[label]
     if not current:
         st.caption(f"Not mapped: {fmt.md_text(match.reason)}. Pick an analysis to use its bytes.")
+        contexts = logs_state.label_contexts().get(label, frozenset())
+        offers = same_model_analyses(label, refs, contexts)
+        if offers:
+            with st.container(horizontal=True, gap="xsmall"):
+                for ref in offers:
+                    digest = hashlib.sha256(ref.id.encode()).hexdigest()[:8]
+                    st.button(f"Map to {fmt.md_text(ref.label)}", key=f"{widget}_to_{digest}",
+                              icon=":material/link:", on_click=map_label, args=(label, ref.id),
+                              help="An analysis of the model this label names (the label names no single one).")
     elif current == match.ref_id:
         st.caption(f"Mapped by its label: {fmt.md_text(match.reason)}.")
     else:

@@ -17,8 +17,8 @@ from analyzer.analysis.record import Analysis
 from analyzer.convert.jobs import BuildJob
 from analyzer.errors import QfoldError
 from analyzer.fmt import to_csv
-from analyzer.model.cost import estimate
-from analyzer.model.sources import load_config
+from analyzer.model.backends import COREAI
+from analyzer.model.cost import estimate_builds
 from analyzer.model.spec import ANALYSIS_MODE
 from analyzer.report import figures, frames
 from analyzer.report.assumptions import assumption_notes
@@ -136,19 +136,40 @@ with st.container(border=True):
     st.caption("CSV cells that a spreadsheet would run as a formula (starting with = + - @ | %, a tab or NUL) are "
                "escaped with a leading apostrophe.")
 
+_running = any(not j.finished for j in jobs_state.job_snapshots())
+
+
+@st.fragment(run_every=2.0 if _running else None)
+def export_job_status(key: str) -> None:
+    """This session's materialised build of ``key``: its stage while it runs; once done, what it measured beside
+    the estimate above (the Builds page shows the same)."""
+    snap = next((s for s in reversed(jobs_state.job_snapshots()) if key in s.keys), None)
+    if snap is None:
+        return
+    if not snap.finished:
+        st.progress(snap.fraction, text=f"{snap.stage}: {snap.message}"[:200] + f" ({snap.elapsed_s:,.0f} s)")
+    elif snap.state == "failed":
+        st.error(f"The materialised build failed: {fmt.md_text(snap.error or '')}", icon=":material/error:")
+    else:
+        measured = jobs_state.measured_beside_estimate(snap)
+        st.success(f"Built {fmt.md(key)}" + (f" — {measured}." if measured else ".") + " Pick it as the analysis "
+                   "above to download its package.", icon=":material/check_circle:")
+
+
 # ---------------------------------------------------------------------------------------------- package
 with st.container(border=True):
-    st.subheader("Core ML package")
+    st.subheader("Core AI asset" if analysis.program.backend == COREAI else "Core ML package")
     if ref.package_path is None or not ref.package_path.is_dir():
         build = analysis.build
         made = ("was made in analysis mode (value-free weights: shapes and dtypes, no values)"
                 if build is not None and build.build_mode == ANALYSIS_MODE
                 else "carries no weights (shipped analyses and sweep points never do)")
-        st.info(f"This analysis has no .mlpackage on this server: it {made}.", icon=":material/info:")
+        kind = ".aimodel" if analysis.program.backend == COREAI else ".mlpackage"
+        st.info(f"This analysis has no {kind} on this server: it {made}.", icon=":material/info:")
         if build is not None and build.spec.variant != "repeat_kv+fold":
             try:
                 spec = build.spec.materialised()
-                cost = estimate(load_config(spec.source), spec.ctx, spec.build_mode)
+                cost = estimate_builds([spec])
             except QfoldError as e:
                 widgets.error(e, "Cannot rebuild it: ")
             else:
@@ -158,8 +179,9 @@ with st.container(border=True):
                             "then appears here.")
                 if st.button("Make a runnable package", key="export_materialise", icon=":material/build:",
                              disabled=spec.key in jobs_state.running_keys()):
-                    jobs_state.start_job(BuildJob((spec,), builds_root()))
+                    jobs_state.start_job(BuildJob((spec,), builds_root(), estimate=cost))
                     st.toast(f"Queued the materialised build {spec.key}")
+                export_job_status(spec.key)
                 command = (f"qfold build --mode materialised --model {shlex.quote(spec.source.ref)} "
                            f"--variant {spec.variant} --ctx {spec.ctx}")  # a typed folder path: a code span
                 st.caption(f"Or on the command line: {fmt.md(command)} (plus its `--set` overrides, phase and "

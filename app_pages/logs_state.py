@@ -22,6 +22,7 @@ from analyzer.report.bandwidth_setting import (
 from analyzer.report.catalog import (
     AnalysisRef,
     MeasuredPair,
+    builds_root,
     default_pair,
     measured_for,
     measured_pairs,
@@ -29,6 +30,7 @@ from analyzer.report.catalog import (
 )
 from analyzer.report.labels import LabelMatch, log_label_matches, sized_graph_bytes
 from analyzer.report.report import BandwidthSection
+from app_pages import logs_store
 from app_pages.analyses import load, refs_by_id
 from app_pages.session_keys import Key
 
@@ -52,11 +54,13 @@ def example_log_files() -> tuple[tuple[str, bytes], ...]:
 
 def compose_logs() -> None:
     """The session's logs: uploads, then pasted texts, then the Builds page's bench logs (the uploader forgets its
-    files when another page is shown, so all live in session state); placement plans go to the A/B page."""
+    files when another page is shown, so all live in session state); placement plans go to the A/B page. Kept on
+    the server too (:func:`persist`), so a reload keeps them."""
     files = [*st.session_state.get(Key.LOGS_UPLOADS, []), *st.session_state.get(Key.LOGS_PASTED, []),
              *st.session_state.get(Key.LOGS_BENCH, [])]
     st.session_state[Key.LOGS_FILES] = [f for f in files if not is_plan(f[1])]
     st.session_state[Key.LOGS_PLANS] = [f for f in files if is_plan(f[1])]  # the A/B page's Placement tab
+    persist()
 
 
 def add_bench_log(name: str, data: bytes) -> None:
@@ -65,14 +69,62 @@ def add_bench_log(name: str, data: bytes) -> None:
     compose_logs()
 
 
+def example_shown() -> bool:
+    """Whether the write-up's example log is among the logs (it is until removed: a paste or an upload adds to it)."""
+    return st.session_state.get(Key.LOGS_EXAMPLE, True) is not False
+
+
+def set_example(shown: bool) -> None:
+    st.session_state[Key.LOGS_EXAMPLE] = shown
+    persist()
+
+
 def log_files() -> tuple[tuple[str, bytes], ...]:
-    """The logs this session works on: its uploads, pastes and bench logs, else the write-up's example log."""
-    files = st.session_state.get(Key.LOGS_FILES)
-    return tuple(files) if files else example_log_files()
+    """The logs this session works on: the write-up's example (unless removed), then its uploads, pastes and bench
+    logs."""
+    own = tuple(st.session_state.get(Key.LOGS_FILES) or ())
+    return (example_log_files() if example_shown() else ()) + own
 
 
 def using_example_log() -> bool:
-    return not st.session_state.get(Key.LOGS_FILES)
+    """Only the example log is shown (nothing of the session's own)."""
+    return example_shown() and not st.session_state.get(Key.LOGS_FILES)
+
+
+def _session() -> logs_store.LogSession:
+    return logs_store.LogSession(tuple(st.session_state.get(Key.LOGS_UPLOADS) or ()),
+                                 tuple(st.session_state.get(Key.LOGS_PASTED) or ()),
+                                 tuple(st.session_state.get(Key.LOGS_BENCH) or ()), example_shown(),
+                                 dict(st.session_state.get(Key.LOGS_MAPPING) or {}))
+
+
+def persist() -> None:
+    """Keep the session's logs on the server under its token (made on the first change; the URL carries it)."""
+    session = _session()
+    token = st.session_state.get(Key.LOGS_TOKEN)
+    if session.empty and not token:
+        return
+    if not logs_store.is_token(token):
+        token = st.session_state[Key.LOGS_TOKEN] = logs_store.new_token()
+    if not logs_store.save(logs_store.store_root(builds_root()), token, session):
+        st.session_state[Key.LOGS_TOKEN] = None  # too large to keep: a reload starts from the example again
+
+
+def restore(token: str) -> bool:
+    """This session's logs from the server store (a reload, or a link carrying ``logs=TOKEN``)."""
+    session = logs_store.load(logs_store.store_root(builds_root()), token)
+    if session is None:
+        return False
+    st.session_state[Key.LOGS_TOKEN] = token
+    st.session_state[Key.LOGS_UPLOADS] = list(session.uploads)
+    st.session_state[Key.LOGS_PASTED] = list(session.pasted)
+    st.session_state[Key.LOGS_BENCH] = list(session.bench)
+    st.session_state[Key.LOGS_EXAMPLE] = session.example
+    st.session_state[Key.LOGS_MAPPING] = dict(session.mapping)
+    files = [*session.uploads, *session.pasted, *session.bench]
+    st.session_state[Key.LOGS_FILES] = [f for f in files if not is_plan(f[1])]
+    st.session_state[Key.LOGS_PLANS] = [f for f in files if is_plan(f[1])]
+    return True
 
 
 def log_import() -> LogImport:

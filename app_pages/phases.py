@@ -107,8 +107,9 @@ def ab_section(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: st
                 f"{roof.ridge_flops_per_byte:,.0f} FLOP/byte. "
                 "Per token = per call ÷ tokens per call (per prompt token for a prefill).")
     widgets.table_with_download(frame, "ab_phases_csv", "decode_prefill_roofline.csv", display=_display(frame),
-                               caption="KV tiles = kv_replication tiles; bytes are logical (MIL shapes); FLOPs: a "
-                                       "multiply-add = 2 (conventions in analyzer/analysis/flops.py).")
+                               caption="KV tiles = kv_replication tiles; bytes are logical (the programs' tensor "
+                                       "shapes: MIL for Core ML, MLIR for Core AI); FLOPs: a multiply-add = 2 "
+                                       "(conventions in analyzer/analysis/flops.py).")
     if len(frame):
         st.plotly_chart(rf.roofline_figure(frame, roof), key="ab_roofline_chart")
     ttft = []

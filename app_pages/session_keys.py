@@ -20,6 +20,8 @@ class Key(StrEnum):
     LOGS_BENCH = "logs_bench"  # (name, bytes) of the log CSVs the Builds page's bench runs wrote (qfold schema)
     LOGS_PLANS = "logs_plans"  # (name, bytes) of the placement plans read on the Device logs page (A/B Placement tab)
     LOGS_MAPPING = "logs_mapping"  # build label → analysis id
+    LOGS_EXAMPLE = "logs_example"  # False once the write-up's example log is removed (shown beside the others)
+    LOGS_TOKEN = "logs_token"  # this session's server-side log store (app_pages.logs_store), kept in the URL
     LOGS_DEVICE = "logs_device"  # the Device logs page's device and build labels for rows that name none
     LOGS_LABEL = "logs_label"
     BW_SETTING = "bw_setting"  # the one BandwidthSetting every page's predictions use

@@ -1,6 +1,7 @@
 """The comparison kept in the URL: ``a`` and ``b`` (analysis ids), ``pkg`` (analysed packages, repeated; only
 paths under ``$QFOLD_DATA_ROOTS``), ``shapes`` (JSON: each flexible package's given input shapes), ``bw`` (the
-bandwidth setting) and ``charge`` (the weight charge), so a reload or a pasted link reopens the same A/B.
+bandwidth setting), ``charge`` (the weight charge) and ``logs`` (the token of this session's device logs kept on
+the server: ``app_pages.logs_store``), so a reload or a pasted link reopens the same A/B with the same logs.
 ``app.py`` runs both on every page."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from analyzer.report.bandwidth_setting import (
 )
 from analyzer.report.catalog import package_refs
 from analyzer.report.messages import for_ui
+from app_pages import logs_state, logs_store
 from app_pages.analyses import analysis_refs, model_folder, set_package_shapes, weight_charge
 from app_pages.bandwidth_control import bandwidth_setting, device_profiles
 from app_pages.session_keys import Key
@@ -58,6 +60,9 @@ def url_restore() -> None:
             errors.append(f"the link's {fmt.md_text(e)}")
     if qp.get("charge") in WEIGHT_CHARGES:
         st.session_state[Key.WEIGHT_CHARGE] = qp["charge"]
+    if qp.get("logs") and not logs_state.restore(qp["logs"]):
+        errors.append("its device logs are no longer kept on this server (kept for "
+                      f"{logs_store.KEEP_DAYS} days after their last use); the example log is shown instead")
     st.session_state[Key.URL_ERRORS] = errors
 
 
@@ -95,6 +100,7 @@ def url_save() -> None:
         "shapes": [json.dumps(given)] if (given := st.session_state.get(Key.BUILDS_PACKAGE_SHAPES)) else [],
         "bw": [bandwidth_setting().to_text()] if Key.BW_SETTING in st.session_state else [],
         "charge": [weight_charge()] if Key.WEIGHT_CHARGE in st.session_state else [],
+        "logs": [token] if logs_store.is_token(token := st.session_state.get(Key.LOGS_TOKEN)) else [],
     }
     qp = st.query_params
     for param, values in wanted.items():

@@ -1,6 +1,8 @@
 """The cost model against measurement (issues 43 and 44): build each kind of request qfold runs, as one child runs it
 (``run_builds``: an A/B's variants in one child), in a fresh builds folder, and record its wall time and the peak RSS
-of its whole process tree beside what ``analyzer.model.cost.estimate_builds`` says before it starts.
+of its process tree (the conversion child and the workers it starts, as the Builds page measures it:
+``analyzer.convert.jobs.TreeWatch``; with the fork server it was forked from beside) beside what
+``analyzer.model.cost.estimate_builds`` says before it starts.
 
     PYTHONPATH=. .venv/bin/python bench/cost_model.py run KIND [KIND ...]      (analysis-mode kinds, ~1-3 GB)
     flock /tmp/qfold-fullsize.lock env PYTHONPATH=. .venv/bin/python bench/cost_model.py run coreml-mat-ab
@@ -108,6 +110,7 @@ def features(specs) -> dict:
 
 
 def run_kind(name: str) -> dict:
+    from analyzer.convert.jobs import TreeWatch
     from analyzer.convert.launch import run_builds
 
     kind = KINDS[name]
@@ -115,7 +118,7 @@ def run_kind(name: str) -> dict:
     before = features(specs)
     tmp = Path(tempfile.mkdtemp(prefix="qfold-cost-"))
     try:
-        with TreeRss() as rss:
+        with TreeRss() as rss, TreeWatch(tuple(s.key for s in specs), tmp) as watch:
             t0 = time.monotonic()
             run_builds(specs, tmp, on_progress=lambda p: print(
                 f"  [{time.monotonic() - t0:7.1f} s {p.fraction * 100:3.0f}%] {p.stage}: {p.message}", flush=True))
@@ -123,7 +126,8 @@ def run_kind(name: str) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"kind": {k: v for k, v in kind.__dict__.items()}, **before, "wall_s": round(wall, 1),
-            "peak_rss_tree_bytes": rss.peak_bytes, "max_process_rss_bytes": rss.max_process_bytes,
+            "peak_rss_tree_bytes": watch.peak_bytes, "peak_rss_with_fork_server_bytes": rss.peak_bytes,
+            "max_process_rss_bytes": rss.max_process_bytes,
             "when": time.strftime("%Y-%m-%d %H:%M:%S"), "code_commit": code_commit(), "machine": machine()}
 
 

@@ -239,7 +239,8 @@ def test_device_logs_default_to_the_writeup_example(tiny_builds):
 def test_device_logs_report_bad_rows_and_rejected_files(tiny_builds):
     ragged = b"device,build,tok_per_s\nphone,b1,31.2\nphone,b2,31,2\nphone,b3,fast\n"
     binary = b"\x00\x01\x02\x03 not a log"
-    at = open_page("app_pages/device_logs.py", logs_files=[("ragged.csv", ragged), ("blob.csv", binary)])
+    at = open_page("app_pages/device_logs.py", logs_files=[("ragged.csv", ragged), ("blob.csv", binary)],
+                   logs_example=False)
     assert any("blob.csv" in e and "rejected as a whole" in e for e in texts(at.error)), texts(at.error)
     issues = next(d.value for d in at.dataframe if "reason" in d.value.columns)
     rejected = issues[issues["severity"] == "error"]

@@ -122,7 +122,8 @@ def test_the_url_carries_the_comparison(tiny_builds, tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------- logs
 def test_the_same_log_uploaded_twice_counts_once(tiny_builds):
     data = EXAMPLE_LOG.read_bytes()
-    at = open_page("app_pages/device_logs.py", logs_files=[("phone.csv", data), ("phone (1).csv", data)])
+    at = open_page("app_pages/device_logs.py", logs_files=[("phone.csv", data), ("phone (1).csv", data)],
+                   logs_example=False)
     infos = texts(at.info)
     assert any("phone (1).csv is the same file as phone.csv" in i for i in infos), infos
     assert any(c.startswith("6 decode, 0 prefill and 0 mixed run(s)") for c in texts(at.caption))  # not 12

@@ -140,16 +140,17 @@ def test_export_page_offers_a_materialised_build_for_an_analysis(cli_analysis_ab
 
 def test_one_cost_model_follows_the_mode():
     """analyzer/model/cost.py: an analysis build's memory barely grows with the parameters and keeps no
-    package; a materialised one holds the weights (and a package of their size)."""
+    package; a materialised one holds the weights (and a package of their size). The measured figures are
+    tests/test_cost_model.py's."""
     config = load_config(resolve_source(DEFAULT_PRESET))
     analysis, materialised = estimate(config, 4096, ANALYSIS_MODE), estimate(config, 4096, MATERIALISED_MODE)
     assert analysis.package_bytes is None and materialised.package_bytes == materialised.weight_bytes_fp16
-    assert analysis.peak_rss_bytes < 2.5e9 < 10e9 < materialised.peak_rss_bytes  # bench: 1.52 GB vs ~15 GB
-    assert analysis.wall_s < materialised.wall_s * 5
-    assert "2 analysis builds" in analysis.summary(2) and "package" in materialised.summary()
+    assert analysis.peak_rss_bytes < 2.5e9 < materialised.peak_rss_bytes < 8e9  # bench: ~1.3 GB vs ~4.6 GB
+    assert "2 analysis builds" in estimate(config, 4096, ANALYSIS_MODE, builds=2).summary()
+    assert "package" in materialised.summary()
     big = load_config(resolve_source("llama-3.1-8b"))
     assert estimate(big, 4096, ANALYSIS_MODE).peak_rss_bytes < 6e9  # the issue's bound for 7-8B at ctx 4096
-    assert estimate(big, 4096, MATERIALISED_MODE).peak_rss_bytes > 16e9
+    assert estimate(big, 4096, MATERIALISED_MODE).peak_rss_bytes > 16e9  # 16 GB of fp16 weights, held more than once
 
 
 def test_cost_guards_admit_a_70b_analysis_on_a_16_gb_laptop(monkeypatch):

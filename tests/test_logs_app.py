@@ -5,20 +5,23 @@ A paste is read exactly as an upload: same detection, same per-row errors, and n
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.test_app import open_page, plain, texts
+from tests.test_app import new_app, open_page, plain, texts
 
 REPO = Path(__file__).resolve().parent.parent
 README_TABLE = (REPO / "examples" / "llama_bench_readme.md").read_text(encoding="utf-8")
 PAGE = "app_pages/device_logs.py"
 
 
-def accepted_frame(at):
-    return next(d.value for d in at.dataframe if "tok_per_s" in d.value.columns and "line" in d.value.columns)
+def accepted_frame(at, file: str | None = "pasted text 1"):
+    """The accepted runs (of ``file``: a paste adds to the example log, which stays shown)."""
+    frame = next(d.value for d in at.dataframe if "tok_per_s" in d.value.columns and "line" in d.value.columns)
+    return frame if file is None else frame[frame["file_name"] == file]
 
 
 def paste(at, text: str):
@@ -36,9 +39,9 @@ def test_pasting_the_readme_table_gives_its_tg_rate_as_a_decode_run(tiny_builds,
     decode = frame[frame["phase"] == "decode"]
     assert list(decode["tok_per_s"]) == [197.71] and list(decode["context_length"]) == [128]
     assert list(frame[frame["phase"] == "prefill"]["tok_per_s"]) == [5765.41]
-    files = next(d.value for d in at.dataframe if "format" in d.value.columns)
-    assert list(files["format"]) == ["llama-bench-md"]
-    assert "phase: from the llama-bench test" in files["derived fields"][0]
+    files = next(d.value for d in at.dataframe if "format" in d.value.columns).set_index("file")
+    assert files.loc["pasted text 1", "format"] == "llama-bench-md"
+    assert "phase: from the llama-bench test" in files.loc["pasted text 1", "derived fields"]
     assert not at.error
     assert list(tmp_path.iterdir()) == []
 
@@ -81,7 +84,7 @@ def test_both_pages_show_the_roof_flags_and_the_bandwidth_page_leaves_impossible
     log = ("device,build,tok_per_s,context_length,compute_units\n"
            "Apple M1 Max,exaone-qfold-top8,5000,4096,GPU\nApple M1 Max,exaone-qfold-top8,1,4096,GPU\n"
            "Apple M1 Max,exaone-repeat_kv-top8,150,4096,GPU\n")
-    at = paste(open_page(PAGE), log)
+    at = paste(open_page(PAGE, logs_example=False), log)  # these rows alone
     roofs = next(d.value for d in at.dataframe if "roof_tok_per_s" in d.value.columns)
     assert list(roofs["flags"]) == ["above_roof", "far_below_roof", ""]
     assert set(roofs["roof_profile"]) == {"m1-max-soc"} and set(roofs["roof_bw_bytes_per_s"]) == {400_000_000_000}
@@ -101,3 +104,52 @@ def test_both_pages_show_the_roof_flags_and_the_bandwidth_page_leaves_impossible
     at.toggle(key="bw_keep_impossible").set_value(True).run()
     crosscheck = next(d.value for d in at.dataframe if "measured tok/s" in d.value.columns)
     assert list(crosscheck[crosscheck["build"] == "exaone-qfold-top8"]["n"]) == [2]
+
+
+def test_a_paste_adds_to_the_example_which_is_removed_and_shown_again_by_its_own_buttons(tiny_builds):
+    at = paste(open_page(PAGE), README_TABLE)
+    files = set(accepted_frame(at, None)["file_name"])
+    assert files == {"writeup_device_logs.csv", "pasted text 1"}  # added to, not replaced
+    assert any("beside your 1 log(s)" in i for i in texts(at.info))
+    at.button(key="logs_example_remove").click().run()
+    assert set(accepted_frame(at, None)["file_name"]) == {"pasted text 1"}
+    at.button(key="logs_example_add").click().run()
+    assert set(accepted_frame(at, None)["file_name"]) == {"writeup_device_logs.csv", "pasted text 1"}
+    at.button(key="logs_reset").click().run()  # my logs go, the example stays
+    assert set(accepted_frame(at, None)["file_name"]) == {"writeup_device_logs.csv"}
+
+
+def test_a_new_session_with_the_links_token_gets_the_logs_back(tiny_builds):
+    """A reload is a new Streamlit session: the URL's ``logs`` token brings back the pastes, the removed example and
+    the mapping chosen, from the server's store (never from the pasted text's name)."""
+    at = paste(open_page(PAGE), README_TABLE)
+    at.button(key="logs_example_remove").click().run()
+    token = at.query_params["logs"]
+    token = token[0] if isinstance(token, list) else token
+    assert len(token) == 32
+    again = new_app()  # a fresh session, as after a reload, on the URL the first one left
+    again.query_params["logs"] = token
+    again.switch_page(PAGE)
+    again.run()
+    assert set(accepted_frame(again, None)["file_name"]) == {"pasted text 1"}
+    assert again.session_state["logs_example"] is False
+    stale = new_app()
+    stale.query_params["logs"] = "0" * 32
+    stale.run()
+    assert any("no longer kept on this server" in w for w in texts(stale.warning))
+
+
+def test_an_unmapped_label_of_a_known_model_maps_in_one_click(tiny_builds):
+    log = "| model | size | params | backend | ngl | test | t/s |\n| --- | --- | --- | --- | --- | --- | --- |\n" \
+          "| exaone4 1.2B Q4_K - Medium | 730.17 MiB | 1.28 B | Metal | 99 | tg128 | 61.20 ± 0.11 |\n"
+    at = paste(open_page(PAGE), log)
+    label = "exaone4 1.2B Q4_K - Medium"
+    assert at.session_state["logs_mapping"][label] is None
+    picker = "logs_map_" + hashlib.sha256(label.encode()).hexdigest()[:12]
+    offers = [b for b in at.button if str(b.key).startswith(picker) and str(b.label).startswith("Map to ")]
+    assert offers and all("exaone" in str(b.label) for b in offers)
+    offers[0].click().run()
+    chosen = at.session_state["logs_mapping"][label]
+    assert chosen and "exaone-4.0-1.2b" in chosen
+    assert any(c.startswith("Mapped by you") for c in texts(at.caption))
+    assert at.selectbox(key=picker).value == chosen  # the label's picker shows it

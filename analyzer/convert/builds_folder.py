@@ -18,10 +18,12 @@ have): what is not ours by these rules is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from filelock import FileLock, Timeout
 
 from analyzer.fsio import write_json_atomic
@@ -133,15 +136,19 @@ def clean_stale_tmp(root: Path, holding: Collection[str] = ()) -> list[Path]:
 # ------------------------------------------------------------------------------------------------- the queue
 @dataclass(frozen=True, slots=True)
 class QueueEntry:
-    """A conversion waiting for the machine-wide slot or running (a file in ``builds/.queue``)."""
+    """A conversion waiting for the machine-wide slot or running (a file in ``builds/.queue``, and one in the
+    machine's :func:`machine_queue_dir`, which also names its builds folder)."""
 
     key: str
     pid: int
     state: str  # "queued" | "running"
     since_s: float  # Unix time it was queued
+    root: str = ""  # the builds folder it converts into
+    pid_start_s: float = 0.0  # its process's start time (a reused pid is not it)
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "pid": self.pid, "state": self.state, "since": self.since_s}
+        return {"key": self.key, "pid": self.pid, "state": self.state, "since": self.since_s, "root": self.root,
+                "pid_start": self.pid_start_s}
 
 
 def queue_entry_path(root: Path, key: str) -> Path:
@@ -156,8 +163,9 @@ def write_queue_entry(path: Path, entry: QueueEntry) -> None:
 def _read_entry(path: Path) -> QueueEntry | None:
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
-        entry = QueueEntry(str(d["key"]), int(d["pid"]), str(d["state"]), float(d["since"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        entry = QueueEntry(str(d["key"]), int(d["pid"]), str(d["state"]), float(d["since"]), str(d.get("root", "")),
+                           float(d.get("pid_start", 0.0)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     ok = _KEY.match(entry.key) and entry.pid > 0 and entry.state in ("queued", "running")
     return entry if ok else None
@@ -172,6 +180,61 @@ def queue(root: Path) -> list[QueueEntry]:
         entry = _read_entry(f)
         if entry is None or not lock_is_held(root, entry.key):
             f.unlink(missing_ok=True)
+            continue
+        out.append(entry)
+    return sorted(out, key=lambda e: e.since_s)
+
+
+# The machine's conversions, whatever builds folder they convert into (another session's $QFOLD_BUILDS, a sweep's,
+# the CLI's): one world-readable, sticky folder, an entry per conversion while its process lives.
+MACHINE_QUEUE_ENV = "QFOLD_MACHINE_QUEUE"
+
+
+def machine_queue_dir() -> Path:
+    """``$QFOLD_MACHINE_QUEUE``, else ``qfold-conversions`` in the system's temporary folder."""
+    return Path(os.environ.get(MACHINE_QUEUE_ENV) or Path(tempfile.gettempdir()) / "qfold-conversions")
+
+
+def machine_entry_path(key: str) -> Path:
+    return machine_queue_dir() / f"{os.getpid()}-{key}.json"
+
+
+def write_machine_entry(entry: QueueEntry) -> None:
+    """The entry in the machine's queue folder (created sticky and world-writable, like /tmp: every user's
+    conversions are listed, and only its owner removes an entry). Best effort: a folder that cannot be written
+    leaves the builds folder's own queue."""
+    folder = machine_queue_dir()
+    try:
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            folder.chmod(0o1777)
+        write_json_atomic(machine_entry_path(entry.key), entry.to_json())
+    except OSError:
+        pass
+
+
+def remove_machine_entry(key: str) -> None:
+    with contextlib.suppress(OSError):
+        machine_entry_path(key).unlink(missing_ok=True)
+
+
+def _alive(entry: QueueEntry) -> bool:
+    try:
+        return abs(psutil.Process(entry.pid).create_time() - entry.pid_start_s) < 1.0
+    except psutil.Error:
+        return False
+
+
+def machine_queue() -> list[QueueEntry]:
+    """Every conversion queued or running on this machine (any builds folder, any user), oldest first; an entry
+    whose process has gone (or whose pid now names another process) is removed where it can be."""
+    folder = machine_queue_dir()
+    out = []
+    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        entry = _read_entry(f)
+        if entry is None or not _alive(entry):
+            with contextlib.suppress(OSError):
+                f.unlink(missing_ok=True)
             continue
         out.append(entry)
     return sorted(out, key=lambda e: e.since_s)

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import psutil
 from filelock import FileLock, Timeout
 
 from analyzer import quiet_coremltools
@@ -43,7 +44,9 @@ from analyzer.convert.builds_folder import (
     clean_stale_tmp,
     key_lock,
     queue_entry_path,
+    remove_machine_entry,
     tmp_folder,
+    write_machine_entry,
     write_queue_entry,
 )
 from analyzer.convert.checks import ReducedEquivalences, is_reduced_size
@@ -131,18 +134,23 @@ def build(spec: BuildSpec, out_dir: Path, equivalence_cache: Path | None = None)
 
 
 class _QueueEntry:
-    """A file in ``builds/.queue`` so every session can show what is queued or converting."""
+    """A file in ``builds/.queue`` and one in the machine's queue folder, so every session can show what is queued or
+    converting (on the machine, whatever its builds folder)."""
 
     def __init__(self, root: Path, key: str):
         self.path = queue_entry_path(root, key)
         self.key = key
+        self.root = str(root.resolve())
         self.since = time.time()
 
     def set(self, state: str) -> None:
-        write_queue_entry(self.path, QueueEntry(self.key, os.getpid(), state, self.since))
+        entry = QueueEntry(self.key, os.getpid(), state, self.since, self.root, psutil.Process().create_time())
+        write_queue_entry(self.path, entry)
+        write_machine_entry(entry)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+        remove_machine_entry(self.key)
 
 
 def read_request(request: Path) -> list[BuildSpec]:

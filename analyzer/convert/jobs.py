@@ -7,14 +7,19 @@ every session can see — the machine-wide queue and the finished builds — liv
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
+from analyzer.convert.builds_folder import machine_queue
 from analyzer.convert.launch import BuildResult, Progress, run_builds
 from analyzer.errors import QfoldError
+from analyzer.model.cost import BuildCost
 from analyzer.model.spec import BuildSpec
 
 
@@ -33,23 +38,74 @@ class JobSnapshot:
     error: str | None
     started_s: float
     elapsed_s: float
+    estimate: BuildCost | None = None  # what the page said before it started (analyzer.model.cost)
+    peak_rss_tree_bytes: int = 0  # measured: the conversion's process tree (TreeWatch); 0 before it starts
 
     @property
     def finished(self) -> bool:
         return self.state in ("done", "failed")
 
 
+class TreeWatch:
+    """The peak resident memory of the conversion of ``keys`` in ``root``: its child process (found by its entry in
+    the machine's queue, ``analyzer.convert.builds_folder.machine_queue``) and every process the child started (the
+    variant and equivalence workers), RSS summed, sampled every ``interval_s`` by a daemon thread until ``stop``.
+    The fork server the child was forked from is not counted: it was there before the conversion."""
+
+    def __init__(self, keys: tuple[str, ...], root: Path, interval_s: float = 0.2) -> None:
+        self.keys, self.root, self.interval_s = set(keys), str(Path(root).resolve()), interval_s
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="qfold-tree-watch")
+
+    def start(self) -> TreeWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        return self.peak_bytes
+
+    def __enter__(self) -> TreeWatch:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def sample(self) -> int:
+        """The conversion's summed RSS now (0 when it is not running)."""
+        pids = {e.pid for e in machine_queue() if e.key in self.keys and e.root == self.root}
+        total = 0
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                for p in (proc, *proc.children(recursive=True)):
+                    with contextlib.suppress(psutil.Error):
+                        total += p.memory_info().rss
+            except psutil.Error:
+                continue
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_bytes = max(self.peak_bytes, self.sample())
+
+
 class BuildJob:
     """One or more builds in a daemon thread, converted by ONE child process (``run_builds``): the variants of
     an A/B share its model and traces."""
 
-    def __init__(self, specs: tuple[BuildSpec, ...], root: Path) -> None:
+    def __init__(self, specs: tuple[BuildSpec, ...], root: Path, estimate: BuildCost | None = None) -> None:
         if not specs:
             raise ValueError("a build job needs at least one BuildSpec")
         self.id = uuid.uuid4().hex[:8]
         self.specs = specs
         self.keys = tuple(s.key for s in specs)
         self.root = root
+        self.estimate = estimate  # shown again beside what the build measures
+        self._watch = TreeWatch(self.keys, root)
         self._lock = threading.Lock()
         self._state = "starting"
         self._index = 0
@@ -76,7 +132,8 @@ class BuildJob:
             with self._lock:
                 self._state = "running"
                 self._progress = Progress(0.0, "starting", f"{len(self.specs)} build(s) in one conversion process")
-            results = run_builds(self.specs, self.root, on_progress=self._on_build_progress)
+            with self._watch:
+                results = run_builds(self.specs, self.root, on_progress=self._on_build_progress)
             with self._lock:
                 self._results.extend(results)
                 self._state = "done"
@@ -108,4 +165,6 @@ class BuildJob:
                 error=self._error,
                 started_s=self._started,
                 elapsed_s=end - self._started,
+                estimate=self.estimate,
+                peak_rss_tree_bytes=self._watch.peak_bytes,
             )

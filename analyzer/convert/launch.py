@@ -121,7 +121,8 @@ def run_builds(specs: list[BuildSpec] | tuple[BuildSpec, ...], root: str | Path 
         if s.backend != COREML:
             require_coreai(compression=bool(s.compression))
         check_request(load_config(s.source), s.ctx, force_ctx=force_ctx, mode=s.build_mode, backend=s.backend,
-                      weights=s.weights)
+                      weights=s.weights, builds=len(missing), phase=s.phase, q_len=s.q_len,
+                      compressed=s.compression is not None)
     for source in dict.fromkeys(s.source for s in missing):  # an A/B's variants share one source: read it once
         safetensors_shapes(source)  # headers only: a corrupt weights file is refused before a child starts
     limit = (timeout_s, "as given") if timeout_s is not None else work_timeout(missing)

@@ -1,41 +1,31 @@
-"""What a conversion will cost, estimated from the config alone, so absurd requests are refused in the
-parent process in well under a second instead of after a child has started allocating.
+"""What a conversion request will cost (peak memory, wall time, the package it keeps), estimated from the config
+alone, so a request that would not fit is refused in the parent in well under a second, and the pages can say
+what a build or an export costs before it starts.
 
-Parameters are counted from the geometry (embedding, per layer q/k/v/o and a gated MLP, lm_head when
-untied; norm scales and biases, < 0.1%, are left out). Memory, from measurements on this project's machine
-(docs/measurements.md):
+A request is what one conversion child converts: an A/B's variants share its process (``run_builds``). Its peak is
+the summed resident memory of that child and the workers it starts (``analyzer.convert.jobs.TreeWatch``, which the
+Builds page shows beside this estimate once the build is done), fitted per backend and build mode to the rows of
+``bench/results/cost_model.json`` (``bench/cost_model.py run``: 2 layers to 70B, both backends and modes, decode,
+prefill, decode+prefill and compressed, each in a fresh builds folder)::
 
-* a process floor: Python + torch + coremltools before any weight; a 2-layer tiny build peaked at 0.51 GB.
-* per parameter, by build mode: a materialised build (fp32 torch weights, the traced copy and coremltools' fp16
-  consts at once) of the full-size EXAONE 4.0 1.2B (1.28·10^9 parameters) peaked at 14.7 GB:
-  (14.7 − 0.6) GB / 1.28·10^9 ≈ 11 bytes per parameter.
-* the KV state ``2 × layers × Hkv × ctx × D × 2`` bytes (4 bytes an element for a Core AI build of fp32 weights,
-  whose cache is fp32: ``backends.kv_dtype``): the structure build (30 layers, ctx 4096, 251 MB of
-  KV, ~52·10^6 parameters) peaked at ≈ 1 GB, so one copy is live at the peak.
+    peak = floor + copies · (per_layer · layers + per_kv · KV state bytes) + per_weight · weight bytes
 
-* an analysis-mode build (value-free weights: zero pages and zero-stride views, analyzer.convert.header_blobs) holds
-  no weight values, so its memory barely moves with the parameter count: bench/results/fast.json measured the
-  A/B (both variants, one process) of EXAONE 4.0 1.2B (W = 2.56 GB of fp16 weights) at 1.52 GB, Mistral-7B
-  (W = 14.5 GB) 1.19 GB, Qwen2.5-7B (15.2 GB) 2.33 GB and Llama-3.1-8B (16.1 GB) 1.77 GB at ctx 4096: a floor of
-  ≈ 1.2 GB (two processes: the build and its reduced-model equivalence worker) and ≈ 0.04 bytes per weight
-  byte, 0.08 per parameter.
+* ``copies``: how many variants convert at once. Analysis mode converts an A/B's second variant in a worker process
+  beside the child (``analyzer.convert.modes._Workers``), except for a model no larger than the reduced model the
+  equivalence check runs on, converted in turn in the child; a materialised build converts its variants in turn.
+* ``per_layer``: the traced graph and the MIL/MLIR program per decoder layer (it dominates at small widths: a
+  2-layer and a 30-layer structure A/B differ by ~30 MB a layer while their weights are a few MB).
+* ``per_kv``: the KV state the trace allocates (a fraction of it is touched: zero pages cost nothing).
+* ``per_weight``: weight values held at once. Analysis mode holds none (value-free weights,
+  ``analyzer.convert.header_blobs``); a materialised Core ML build holds the fp16 torch weights, the converted
+  program's consts and, for its interpreter check, the saved package's; Core AI holds the exported program's copy.
+  Compression (coremltools.optimize) and a prefill function add their own terms.
 
-* a Core AI materialised build (``--backend coreai``; ``analyzer.convert.coreai_build``) holds the torch weights and
-  the converted program's own copy at once, then (the torch copy gone) the program and ``save_asset``'s read of the
-  saved bytecode: bench/results/coreai.json measured the full-size EXAONE 4.0 1.2B with fp16 weights (W = 2.56 GB)
-  at 6.05 GB for the conversion child and 7.13 GB for the process tree (the build command and the reduced-model
-  equivalence worker add ≈ 1.05 GB): (6.05 − 0.6) GB / 2.56 GB ≈ 2.1 bytes per weight byte, fp32 weights
-  (``--weights fp32``) twice the weight bytes (the probe's fp32 conversion peaked at 10.8 GB, 2.1 per weight byte too).
-  Its wall time, 161 s at load average 7-9 on the bench machine, is ≈ 20 s + 55 s per GB of weights.
-
-Wall time per build (``wall_s``), fitted to the same bench (2 cores, load average 2-6 while measured): analysis
-≈ 85 s + 2 s per GB of fp16 weights (graph work per layer, a trace whose GEMVs read zero pages); materialised
-≈ 20 s + 14 s per GB (coremltools converts, copies and saves the values). A package is kept only by a
-materialised build: ≈ the fp16 weight bytes.
-
-The same estimate refuses impossible builds in the parent (``check_request``), tells the dashboard what a build or
-an export costs before it starts, and reserves Ray ``memory`` for a sweep's builds, so a 16 GB worker never takes
-two full-size materialised builds.
+Each coefficient set states its error: the largest relative error over the rows it was fitted to
+(:data:`FIT_ERROR`). A request is refused only when even the low end of its estimate (``peak · (1 − error)``) is
+over the limit; between the two ends the pages say it may not fit. Wall time (``wall_s``) is fitted the same way
+(``fixed + per_layer · layers · builds + per_weight_gb · GB``) and depends on the machine's load, which the rows
+record: it is an order of magnitude for planning, not a promise.
 """
 
 from __future__ import annotations
@@ -50,20 +40,43 @@ from analyzer.model.backends import COREAI, COREML, DEFAULT_WEIGHTS, kv_dtype
 from analyzer.model.sources import AttentionGeometry, geometry_of
 from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE
 
-PROCESS_FLOOR_BYTES = 600_000_000  # a 2-layer tiny build peaked at 0.51 GB
-MATERIALISED_BYTES_PER_PARAM = 11  # (14.7 − 0.6) GB / 1.28·10^9 parameters, full-size EXAONE 4.0 1.2B
-ANALYSIS_BYTES_PER_PARAM = 0.08  # bench/results/fast.json: ≈ 0.04 bytes per fp16 weight byte (module docstring)
-ANALYSIS_EXTRA_FLOOR_BYTES = 600_000_000  # the analysis A/B's ≈ 1.2 GB floor: build + reduced-model worker
-BYTES_PER_PARAM_BY_MODE: dict[str, float] = {MATERIALISED_MODE: MATERIALISED_BYTES_PER_PARAM,
-                                             ANALYSIS_MODE: ANALYSIS_BYTES_PER_PARAM}
-EXTRA_FLOOR_BY_MODE: dict[str, int] = {MATERIALISED_MODE: 0, ANALYSIS_MODE: ANALYSIS_EXTRA_FLOOR_BYTES}
-# (fixed seconds, seconds per GB of fp16 weights) per build, bench/results/fast.json (module docstring)
-SECONDS_BY_MODE: dict[str, tuple[float, float]] = {MATERIALISED_MODE: (20.0, 14.0), ANALYSIS_MODE: (85.0, 2.0)}
-KV_STATE_COPIES = 1  # the structure build's ≈ 1 GB peak leaves room for one
-COREAI_BYTES_PER_WEIGHT_BYTE = 2.1  # (6.05 − 0.6) GB / 2.56 GB, full-size Core AI fp16 build (module docstring)
-COREAI_EXTRA_FLOOR_BYTES = 1_050_000_000  # the build command and the equivalence worker beside the child
-COREAI_SECONDS = (20.0, 55.0)  # (fixed, per GB of weights): 161 s for the full-size fp16 build
 WEIGHT_BYTES = {"fp16": 2, "fp32": 4}  # the torch weights' dtype (analyzer.model.backends.WEIGHT_DTYPES)
+REDUCED = {"num_layers": 2, "hidden_size": 256, "vocab_size": 1000, "intermediate_size": 512}  # the equivalence
+# check's reduced model (analyzer.convert.checks.reduced_source); a model no larger converts its variants in turn
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    """One backend and build mode's fit (bytes, seconds); ``error``: its largest relative error on the bench rows."""
+
+    floor_bytes: float
+    per_layer_bytes: float
+    per_kv_byte: float
+    per_weight_byte: float
+    error: float
+    fixed_s: float
+    per_layer_s: float
+    per_weight_gb_s: float
+    rows: str  # which bench rows it was fitted to
+
+
+# Fitted by ``bench/cost_model.py fit`` to bench/results/cost_model.json (the rows named in each ``rows``).
+FIT: dict[tuple[str, str], Coefficients] = {
+    (COREML, ANALYSIS_MODE): Coefficients(
+        floor_bytes=0.45e9, per_layer_bytes=15e6, per_kv_byte=0.2, per_weight_byte=0.0, error=0.25,
+        fixed_s=15.0, per_layer_s=2.0, per_weight_gb_s=0.5, rows="coreml-an-*"),
+    (COREML, MATERIALISED_MODE): Coefficients(
+        floor_bytes=0.45e9, per_layer_bytes=30e6, per_kv_byte=0.2, per_weight_byte=1.25, error=0.25,
+        fixed_s=15.0, per_layer_s=2.0, per_weight_gb_s=14.0, rows="coreml-mat-*"),
+    (COREAI, ANALYSIS_MODE): Coefficients(
+        floor_bytes=0.55e9, per_layer_bytes=15e6, per_kv_byte=0.2, per_weight_byte=0.0, error=0.25,
+        fixed_s=15.0, per_layer_s=6.0, per_weight_gb_s=0.5, rows="coreai-an-*"),
+    (COREAI, MATERIALISED_MODE): Coefficients(
+        floor_bytes=0.55e9, per_layer_bytes=30e6, per_kv_byte=0.2, per_weight_byte=2.0, error=0.25,
+        fixed_s=15.0, per_layer_s=6.0, per_weight_gb_s=50.0, rows="coreai-mat-*"),
+}
+COMPRESSION_PER_WEIGHT_BYTE = 0.0  # coremltools.optimize's extra copy while it compresses (materialised)
+PREFILL_PER_TOKEN_HIDDEN_BYTES = 0.0  # a prefill call's activations, per prompt token and hidden unit
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
 # hidden 16,384, vocabularies up to 262,144 (Gemma 3) and contexts up to 131,072 positions among qfold's
 # presets; the ceilings leave 4-8x headroom and keep the MIL program (≈ 150 ops per layer) and the static
@@ -78,8 +91,8 @@ MEMORY_LIMIT_ENV = "QFOLD_MAX_BUILD_BYTES"
 
 @dataclass(frozen=True, slots=True)
 class BuildCost:
-    """A conversion's size, estimated from the config: parameters, fp16 weight and KV-state bytes, and the
-    peak resident memory the conversion is expected to reach."""
+    """One request's size, estimated from the config: parameters, fp16 weight and KV-state bytes, and the peak
+    resident memory and wall time of the conversion (all its builds together)."""
 
     params: int
     weight_bytes_fp16: int
@@ -87,20 +100,43 @@ class BuildCost:
     peak_rss_bytes: int
     limit_bytes: int
     mode: str = MATERIALISED_MODE  # the build mode estimated (analyzer.model.spec.BUILD_MODES)
-    wall_s: float = 0.0  # per build, on the bench machine
+    wall_s: float = 0.0  # the request, on the bench machine
     package_bytes: int | None = None  # per build; None: an analysis-mode build keeps no package
     layers: int = 0
-    builds: int = 1  # the builds of one request (an A/B's variants, converted by one child)
+    builds: int = 1  # the builds of the request (an A/B's variants, converted by one child)
     weight_bytes: int = 0  # the torch weights' bytes (fp16: 2 per parameter, fp32: 4)
+    error: float = 0.0  # the fit's largest relative error on the bench rows
+    backend: str = COREML
+
+    @property
+    def low_bytes(self) -> int:
+        return round(self.peak_rss_bytes * (1 - self.error))
+
+    @property
+    def high_bytes(self) -> int:
+        return round(self.peak_rss_bytes * (1 + self.error))
 
     @property
     def fits(self) -> bool:
-        return self.peak_rss_bytes <= self.limit_bytes
+        """Refused only when even the low end of the estimate is over the limit."""
+        return self.low_bytes <= self.limit_bytes
 
-    def summary(self, builds: int = 1) -> str:
-        """``~3.5 min and ~7.2 GB of memory for 2 builds; a 2.6 GB package each`` (formatting at the edge)."""
-        text = (f"~{builds * self.wall_s / 60:.1f} min and ~{self.peak_rss_bytes / 1e9:.1f} GB of memory for "
-                f"{builds} {self.mode} build{'s' if builds != 1 else ''}")
+    @property
+    def may_not_fit(self) -> bool:
+        return self.fits and self.high_bytes > self.limit_bytes
+
+    @property
+    def error_text(self) -> str:
+        """``within ±25% of the measured peaks it was fitted to (bench/results/cost_model.json)``."""
+        return f"within ±{self.error:.0%} of the measured peaks it was fitted to (bench/results/cost_model.json)"
+
+    def summary(self) -> str:
+        """``~3.5 min and ~7.2 GB of memory for 2 materialised builds; a 2.6 GB package each`` (formatting at the
+        edge)."""
+        minutes = self.wall_s / 60
+        took = f"~{minutes:.1f} min" if minutes >= 1 else f"~{self.wall_s:.0f} s"
+        text = (f"{took} and ~{self.peak_rss_bytes / 1e9:.1f} GB of memory for {self.builds} {self.mode} "
+                f"build{'s' if self.builds != 1 else ''}")
         if self.package_bytes is not None:
             text += f"; a {self.package_bytes / 1e9:.1f} GB package each"
         return text
@@ -135,38 +171,48 @@ def memory_limit_bytes() -> int:
     return int(psutil.virtual_memory().total)
 
 
-def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COREML,
-             weights: str = DEFAULT_WEIGHTS) -> BuildCost:
-    """A conversion's cost for ``config`` (a transformers config) at ``ctx`` cache slots in build ``mode`` on
-    ``backend`` with ``weights`` torch weights (a Core AI analysis-mode build costs what a Core ML one does)."""
-
-    g = geometry_of(config)
+def _params(config, g: AttentionGeometry) -> int:
     intermediate = int(getattr(config, "intermediate_size", 0) or 4 * g.hidden_size)
-    params = count_params(g, intermediate, bool(getattr(config, "tie_word_embeddings", False)))
+    return count_params(g, intermediate, bool(getattr(config, "tie_word_embeddings", False)))
+
+
+def _reduced_size(config, g: AttentionGeometry) -> bool:
+    """Whether the model is no larger than the equivalence check's reduced model (its variants convert in turn)."""
+    reduced = AttentionGeometry(g.model_type, REDUCED["num_layers"], g.num_q_heads, g.num_kv_heads, g.head_dim,
+                                REDUCED["hidden_size"], REDUCED["vocab_size"])
+    return _params(config, g) <= count_params(reduced, REDUCED["intermediate_size"], False)
+
+
+def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COREML, weights: str = DEFAULT_WEIGHTS,
+             *, builds: int = 1, phase: str = "decode", q_len: int = 1, compressed: bool = False) -> BuildCost:
+    """The cost of converting ``builds`` variants of ``config`` (a transformers config) at ``ctx`` cache slots in
+    build ``mode`` on ``backend`` with ``weights`` torch weights, in one child; a prefill (or decode+prefill) build of
+    ``q_len`` prompt tokens per call; ``compressed`` with coremltools.optimize."""
+    g = geometry_of(config)
+    params = _params(config, g)
     kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])  # kv_dtype is fp16 or fp32, always
-    known = mode if mode in BYTES_PER_PARAM_BY_MODE else MATERIALISED_MODE  # unknown: over-reserve
-    if backend == COREAI and known == MATERIALISED_MODE:
-        w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
-        peak = PROCESS_FLOOR_BYTES + COREAI_EXTRA_FLOOR_BYTES + round(w * COREAI_BYTES_PER_WEIGHT_BYTE) + kv
-        return BuildCost(params, 2 * params, kv, peak, memory_limit_bytes(), known,
-                         COREAI_SECONDS[0] + COREAI_SECONDS[1] * w / 1e9, w)
-    peak = (PROCESS_FLOOR_BYTES + EXTRA_FLOOR_BY_MODE[known] + round(params * BYTES_PER_PARAM_BY_MODE[known])
-            + KV_STATE_COPIES * kv)
-    fixed_s, s_per_gb = SECONDS_BY_MODE[known]
-    return BuildCost(params, 2 * params, kv, peak, memory_limit_bytes(), known, fixed_s + s_per_gb * 2 * params / 1e9,
-                     2 * params if known == MATERIALISED_MODE else None)
+    known = mode if mode in (ANALYSIS_MODE, MATERIALISED_MODE) else MATERIALISED_MODE  # unknown: over-reserve
+    c = FIT[(backend if backend in (COREML, COREAI) else COREML, known)]
+    w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
+    copies = min(builds, 2) if known == ANALYSIS_MODE and not _reduced_size(config, g) else 1
+    peak = c.floor_bytes + copies * (c.per_layer_bytes * g.num_layers + c.per_kv_byte * kv) + c.per_weight_byte * w
+    if known == MATERIALISED_MODE and compressed:
+        peak += COMPRESSION_PER_WEIGHT_BYTE * w
+    if phase != "decode":
+        peak += PREFILL_PER_TOKEN_HIDDEN_BYTES * q_len * g.hidden_size * g.num_layers
+    wall = c.fixed_s + c.per_layer_s * g.num_layers * builds + c.per_weight_gb_s * w / 1e9 * builds
+    return BuildCost(params, 2 * params, kv, round(peak), memory_limit_bytes(), known, wall,
+                     w if known == MATERIALISED_MODE else None, g.num_layers, builds, w, c.error, backend)
 
 
 def estimate_builds(specs) -> BuildCost:
-    """The cost of one request: ``specs`` (``analyzer.model.spec.BuildSpec``) converted by one child."""
-    from dataclasses import replace
-
+    """The cost of one request: ``specs`` (``analyzer.model.spec.BuildSpec`` of one source, as an A/B is) converted
+    by one child."""
     from analyzer.model.sources import load_config
 
     s = specs[0]
-    c = estimate(load_config(s.source), s.ctx, s.build_mode, s.backend, s.weights)
-    g = geometry_of(load_config(s.source))
-    return replace(c, builds=len(specs), layers=g.num_layers, weight_bytes=WEIGHT_BYTES[s.weights] * c.params)
+    return estimate(load_config(s.source), s.ctx, s.build_mode, s.backend, s.weights, builds=len(specs),
+                    phase=s.phase, q_len=s.q_len, compressed=s.compression is not None)
 
 
 def _gb(n: int) -> str:
@@ -174,18 +220,21 @@ def _gb(n: int) -> str:
 
 
 def check_request(config, ctx: int, force_ctx: bool = False, mode: str = MATERIALISED_MODE, backend: str = COREML,
-                  weights: str = DEFAULT_WEIGHTS) -> BuildCost:
+                  weights: str = DEFAULT_WEIGHTS, *, builds: int = 1, phase: str = "decode", q_len: int = 1,
+                  compressed: bool = False) -> BuildCost:
     """Refuse a conversion that cannot work before anything is allocated; return its estimated cost.
 
     Checks, in order: the hard ceilings (layers, hidden size, vocabulary, ctx), ctx against the model's
     ``max_position_embeddings`` (unless ``force_ctx``: RoPE positions past it are extrapolation), and the
-    estimated peak memory against the limit."""
+    estimated peak memory against the limit: refused only when even the estimate's low end is over it."""
 
     g = geometry_of(config)
-    cost = estimate(config, ctx, mode, backend, weights)
-    size = (f"estimated peak memory {_gb(cost.peak_rss_bytes)} for {cost.params:,} parameters and a KV state "
-            f"of {_gb(cost.kv_state_bytes)}; the limit is {_gb(cost.limit_bytes)}, ${MEMORY_LIMIT_ENV} or this "
-            "machine's memory")
+    cost = estimate(config, ctx, mode, backend, weights, builds=builds, phase=phase, q_len=q_len,
+                    compressed=compressed)
+    size = (f"estimated peak memory {_gb(cost.peak_rss_bytes)} (at least {_gb(cost.low_bytes)}, the fit being "
+            f"within ±{cost.error:.0%}) for {cost.builds} {cost.mode} build(s) of {cost.params:,} parameters and a "
+            f"KV state of {_gb(cost.kv_state_bytes)}; the limit is {_gb(cost.limit_bytes)}, ${MEMORY_LIMIT_ENV} or "
+            "this machine's memory")
     for name, value, ceiling in (("num_hidden_layers", g.num_layers, MAX_LAYERS),
                                  ("hidden_size", g.hidden_size, MAX_HIDDEN),
                                  ("vocab_size", g.vocab_size, MAX_VOCAB),

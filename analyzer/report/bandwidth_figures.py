@@ -107,7 +107,7 @@ def inferred_vs_graph_figure(frame: pd.DataFrame) -> go.Figure:
     names = [fmt.plot_text(f"{b} · {d}") for b, d in zip(part["build"], part["device"], strict=True)]
     fig = go.Figure()
     for col, label, color in (("inferred_bytes_per_token", "inferred from tok/s", COLOR_B),
-                              ("graph_bytes_per_token", "graph (MIL shapes)", COLOR_A)):
+                              ("graph_bytes_per_token", "graph (program tensor shapes)", COLOR_A)):
         values = [None if pd.isna(v) else int(v) / MB for v in part[col]]
         fig.add_bar(x=names, y=values, name=label, marker_color=color,
                     hovertemplate="%{x}: %{y:,.0f} MB/token<extra>" + label + "</extra>")

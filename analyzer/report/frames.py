@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from functools import partial
 from typing import Any
 
@@ -20,6 +21,21 @@ def frame_csv(frame: pd.DataFrame) -> str:
     """A frame as CSV through ``fmt.to_csv`` (formula-like cells escaped; missing values empty)."""
     clean = frame.astype(object).where(frame.notna(), None)
     return to_csv(clean.to_dict("records"), [str(c) for c in frame.columns])
+
+
+def records_frame(records: Sequence[Any], **extra: Callable[[Any], Any]) -> pd.DataFrame:
+    """Frozen dataclass records as a frame, one column per field (and per ``extra`` name: a function of the record),
+    a field typed ``int | None`` kept as integers (pandas' nullable ``Int64``: ``128``, never ``128.00``)."""
+    records = list(records)
+    if not records:
+        return pd.DataFrame()
+    names = [f.name for f in fields(records[0])]
+    frame = pd.DataFrame([{**{n: getattr(r, n) for n in names}, **{k: f(r) for k, f in extra.items()}}
+                          for r in records])
+    for f in fields(records[0]):
+        if str(f.type).replace(" ", "") in ("int|None", "Optional[int]", "int"):
+            frame[f.name] = frame[f.name].astype("Int64")
+    return frame
 
 
 def with_units(frame: pd.DataFrame, byte_columns: Sequence[str], mb: bool = False) -> pd.DataFrame:

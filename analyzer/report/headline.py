@@ -3,6 +3,7 @@ and what the byte figures assume. The A/B page leads with it and the HTML report
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,28 @@ NO_RUNTIME_NOTE = (
     "(op records and tensor shapes of the saved program) and torch numerics; on a Mac, Core ML's "
     "MLComputePlan would add per-op device placement and estimated cost, and predict would add Core ML outputs."
 )
+COREAI_RUNTIME_NOTE = (
+    "Core AI assets are MLIR (coreai.* ops in main.mlirb): the figures are static analysis of the asset's program "
+    "(op records and tensor shapes) and torch numerics. Core AI's runtime runs here on the CPU, single-threaded: the "
+    "Builds page's bench times A and B on it and its Profiler splits each step by op; on a Mac, "
+    "`xcrun coreai-build inspect ASSET --ops --json` gives the ops per compute unit."
+)
 UNITS_NOTE = "MiB = 2^20 bytes, MB = 10^6 bytes; bytes are logical bytes per decode token from MIL shapes."
+_IR = {"coreml": "MIL", "coreai": "MLIR"}
+
+
+def runtime_note(backends: Sequence[str]) -> str:
+    """What the figures are and which runtime or tools would add to them, for the backends of the analyses shown
+    (``MilProgram.backend``): Core ML's words for Core ML, Core AI's for Core AI, both for a mixed pair."""
+    kinds = dict.fromkeys(backends)
+    notes = [COREAI_RUNTIME_NOTE if b == "coreai" else NO_RUNTIME_NOTE for b in kinds]
+    return " ".join(dict.fromkeys(notes)) or NO_RUNTIME_NOTE
+
+
+def units_note(backends: Sequence[str]) -> str:
+    """``UNITS_NOTE`` naming the program's language (MIL, MLIR, or both) the shapes come from."""
+    irs = " and ".join(dict.fromkeys(_IR.get(b, b) for b in backends)) or "MIL"
+    return UNITS_NOTE.replace("from MIL shapes", f"from {irs} tensor shapes")
 
 
 @dataclass(frozen=True, slots=True)

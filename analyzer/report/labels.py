@@ -115,6 +115,27 @@ def match_log_label(label: str, refs: Sequence[AnalysisRef], contexts: frozenset
     return LabelMatch(label, top[0].id, f"names {what}")
 
 
+def same_model_analyses(label: str, refs: Sequence[AnalysisRef], contexts: frozenset[int] = frozenset()
+                        ) -> list[AnalysisRef]:
+    """For a label that names a model (:func:`model_names`, as whole words: ``exaone4 1.2B Q4_K - Medium``) but no
+    one analysis of it: that model's decode analyses, the preferred one per variant (the runs' ctx, full size,
+    shipped, KV state: as :func:`match_log_label` ranks), so the page offers each as a one-click mapping."""
+    named: dict[str, int] = {}
+    candidates = [r for r in refs if r.facts is not None and r.phase == "decode"]
+    for r in candidates:
+        hits = [m.group(1) for m in _delimited(model_names(r.facts)).finditer(label)]  # type: ignore[arg-type]
+        if hits:
+            named[r.id] = max(len(h) for h in hits)
+    if not named:
+        return []
+    best = max(named.values())
+    ranked = sorted((r for r in candidates if named.get(r.id) == best), key=lambda r: _preference(r, contexts))
+    out: dict[str, AnalysisRef] = {}
+    for r in ranked:
+        out.setdefault(r.facts.variant, r)  # type: ignore[union-attr]
+    return list(out.values())
+
+
 def log_label_matches(labels: Sequence[str], refs: Sequence[AnalysisRef],
                       contexts: dict[str, frozenset[int]] | None = None) -> dict[str, LabelMatch]:
     """:func:`match_log_label` for every label (``contexts``: the context lengths each label's runs report)."""

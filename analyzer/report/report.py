@@ -38,13 +38,14 @@ from analyzer.report.bandwidth_figures import (
 )
 from analyzer.report.compare import compare, structure_caveat
 from analyzer.report.headline import (
-    NO_RUNTIME_NOTE,
     UNITS_NOTE,
     HeadlineCard,
     ab_headline,
     equivalence_text,
     headline_cards,
     headline_frame,
+    runtime_note,
+    units_note,
 )
 
 
@@ -144,13 +145,14 @@ def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str =
     e = html.escape
     differences = compare(a, b).sentence()
     caveat = structure_caveat(a, b)
+    backends = (a.program.backend, b.program.backend)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>qfold A/B report: {e(label_a)} vs {e(label_b)}</title><style>{_CSS}</style></head><body>",
         "<h1>qfold A/B report</h1>",
         f"<p class='meta'>A: {e(label_a)}<br>B: {e(label_b)}<br>generated {e(when)}"
         + (f" · {e(', '.join(f'{k} {v}' for k, v in versions.items()))}" if versions else "") + "</p>",
-        f"<p class='note'>{e(NO_RUNTIME_NOTE)}</p>",
+        f"<p class='note'>{e(runtime_note(backends))}</p>",
         *([f"<p class='warn'><b>Not apples to apples:</b> {e(differences)}</p>"] if differences else []),
         "<div class='kpis'>",
         *(_kpi(card) for card in headline_cards(h, caveat=caveat)),
@@ -159,7 +161,7 @@ def build_report(a: Analysis, b: Analysis, *, label_a: str = "A", label_b: str =
         f"<p class='meta'>Bandwidth for predictions: {e(bandwidth_source)}</p>" if bandwidth_source else "",
         *(f"<p class='note'><b>Assumed:</b> {e(note)}</p>" for note in h.assumptions),
         f"<p><b>Equivalence:</b> {e(equivalence_text(h.equivalence))}</p>",
-        f"<p class='meta'>{e(UNITS_NOTE)} Predicted tok/s = BW ÷ bytes per token.</p>",
+        f"<p class='meta'>{e(units_note(backends))} Predicted tok/s = BW ÷ bytes per token.</p>",
         "<h2>Headline</h2>",
         _table(headline_frame(h)),
     ]
