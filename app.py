@@ -23,6 +23,8 @@ pages = [
     st.Page("app_pages/bandwidth.py", title="Bandwidth", icon=":material/speed:", url_path="bandwidth"),
     st.Page("app_pages/sweeps.py", title="Sweeps", icon=":material/stacked_line_chart:", url_path="sweeps"),
     st.Page("app_pages/export.py", title="Export", icon=":material/download:", url_path="export"),
+    st.Page("app_pages/graph_page.py", title="Graph", icon=":material/account_tree:", url_path="graph_page",
+            visibility="hidden"),  # the A/B page's Graph tab, in a new tab
 ]
 page = st.navigation(pages)
 try:

@@ -12,6 +12,7 @@ and their row alignment, which is why it is not the first choice. The CLI and th
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlencode
 
 import streamlit as st
 
@@ -28,7 +29,10 @@ from analyzer.report.messages import for_ui
 from app_pages import widgets
 
 FRAME_HEIGHT_PX = 760
+FULL_HEIGHT_PX = 1400  # the full-width view and the new tab: taller, every side fitted to the width
 MODES = ("A vs B", "A only", "B only")
+FRAMES = ("in the page", "full width")  # the frame: zoom 75% in 760 px, or each side fitted to the page's width
+GRAPH_PAGE = "graph_page"  # the new-tab view (app_pages/graph_page.py): the same frame alone, from the URL
 
 
 Key = tuple[str, str | None, float, tuple]  # path, function, mtime, given shapes: what a cached program is keyed by
@@ -155,8 +159,11 @@ def _layer_graphs(choices: list[str], key_a: Key, key_b: Key, label_a: str, labe
     if too_large:
         st.warning(fmt.md_text(too_large))
     elif svgs is not None:
-        st.iframe(gv.pair_html(view, svgs, height_px=FRAME_HEIGHT_PX), height=FRAME_HEIGHT_PX,
-                  alt=f"Graph of {view.title}")
+        shown, tab = st.columns([3, 1], vertical_alignment="bottom")
+        frame = shown.segmented_control("Frame", FRAMES, default=FRAMES[0], key="ab_graph_frame") or FRAMES[0]
+        tab.link_button("Open in a new tab", new_tab_url(layer, collapse, single_side), icon=":material/open_in_new:",
+                        help="The same frame alone in a browser tab, every side fitted to its width.")
+        draw_frame(view, svgs, full=frame == FRAMES[1])
     else:
         st.caption("Graphviz `dot` is not installed on this server: the graphs are laid out in your browser "
                    "(`st.graphviz_chart`), each fitted to its column, so rows may not line up.")
@@ -182,3 +189,49 @@ def _layer_graphs(choices: list[str], key_a: Key, key_b: Key, label_a: str, labe
     with st.expander("The numbers behind the graph: one row per node"):
         st.dataframe(nodes, hide_index=True, width="stretch", height=frames.fit_height(len(nodes), 360),
                      column_config=widgets.number_config(nodes))
+
+
+def draw_frame(view: gv.LayerView, svgs, full: bool) -> None:
+    """The frame of A and B (one scroll pane, CSS zoom): 760 px at 75%, or full width (each side fitted to the
+    page's width, 1,400 px tall) so B needs no horizontal scrolling."""
+    height = FULL_HEIGHT_PX if full else FRAME_HEIGHT_PX
+    st.iframe(gv.pair_html(view, svgs, height_px=height, zoom="fit" if full else "75"), height=height,
+              alt=f"Graph of {view.title}")
+
+
+def new_tab_url(layer: str, collapse: bool, single_side: str | None) -> str:
+    """The new-tab view's address: this page's query (the A/B, packages, shapes, bandwidth) with the layer, the
+    side(s) and the collapse setting, relative to the app's own path."""
+    query = [(k, v) for k in st.query_params for v in st.query_params.get_all(k)
+             if k not in ("layer", "side", "collapse")]
+    query += [("layer", layer), ("side", single_side or "ab"), ("collapse", "1" if collapse else "0")]
+    return f"./{GRAPH_PAGE}?{urlencode(query)}"
+
+
+def standalone(ref_a: AnalysisRef, ref_b: AnalysisRef, label_a: str, label_b: str) -> None:
+    """The new-tab view: the frame of the URL's layer and side(s), full width, nothing else."""
+    qp = st.query_params
+    side = qp.get("side", "ab")
+    single_side = side if side in ("a", "b") else None
+    collapse = qp.get("collapse", "1") != "0"
+    try:
+        key_a, key_b = _key(ref_a), _key(ref_b)
+        program = _program(*(key_b if single_side == "b" else key_a))
+        choices = [gv.OUTSIDE_LAYERS if x is None else str(x) for x in gv.layer_choices(program)]
+        layer = qp.get("layer") if qp.get("layer") in choices else (choices[0] if choices else None)
+        if layer is None:
+            st.info("This program has no ops to draw.")
+            return
+        args = {None: (key_a, key_b, label_a, label_b, "A"), "a": (key_a, None, label_a, "", "A"),
+                "b": (key_b, None, label_b, "", "B")}[single_side]
+        view, svgs, too_large = _view(args[0], args[1], layer, collapse, *args[2:])
+    except QfoldError as e:
+        widgets.error(e, "Cannot draw the graph: ")
+        return
+    st.caption(f"{_layer_label(layer)}: " + " vs ".join(f"{g.key} {fmt.md(g.label)}" for g in view.sides))
+    if too_large:
+        st.warning(fmt.md_text(too_large))
+    elif svgs is None:
+        st.caption("Graphviz `dot` is not installed on this server: open the Graph tab of the A/B page instead.")
+    else:
+        draw_frame(view, svgs, full=True)

@@ -69,3 +69,32 @@ def test_graph_tab_shows_the_structural_diff_and_a_layer(builds_root):
     assert not at.exception
     nodes = next(d.value for d in at.dataframe if "node" in d.value.columns)
     assert set(nodes["side"]) == {"B"} and "tile" not in set(nodes["title"])  # the qfold program alone
+
+
+def test_the_graph_frame_opens_full_width_and_in_a_new_tab_of_its_own(builds_root):
+    """Issue 44: a full-width view of A and B (each side fitted to the width, a taller frame) and a new-tab view of
+    the same frame, addressed by the URL (the pair, the layer, the sides)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    at = _open(ab_a=FP16[0], ab_b=FP16[1], ab_tab="Graph", ab_graph_layer="3")
+    (link,) = [e for e in at.get("link_button") if e.proto.label == "Open in a new tab"]
+    url = urlsplit(link.proto.url)
+    assert url.path == "./graph_page"
+    query = parse_qs(url.query)
+    assert (query["a"], query["b"], query["layer"], query["side"]) == ([FP16[0]], [FP16[1]], ["3"], ["ab"])
+    (frame,) = at.get("iframe")
+    assert 'id="qg-z75" checked' in frame.proto.srcdoc  # in the page: 75%
+    at.session_state["ab_graph_frame"] = "full width"
+    at.run()
+    (frame,) = at.get("iframe")
+    assert 'id="qg-zfit" checked' in frame.proto.srcdoc and "height:1336px" in frame.proto.srcdoc
+    tab = new_app(180)  # the new tab: a session of its own, from the URL alone
+    for key, values in query.items():
+        tab.query_params[key] = values if len(values) > 1 else values[0]
+    tab.switch_page("app_pages/graph_page.py")
+    tab.run()
+    assert not tab.exception, [e.value for e in tab.exception]
+    (alone,) = tab.get("iframe")
+    assert 'id="qg-zfit" checked' in alone.proto.srcdoc
+    assert alone.proto.srcdoc.count("<svg") == 2  # A and B, the layer asked for
+    assert any(c.value.startswith("layer 3: A") for c in tab.caption)
