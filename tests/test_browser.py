@@ -169,7 +169,7 @@ def test_ab_logs_bandwidth_export_flow(page, server, tmp_path):
     go(page, "Device logs")
     page.get_by_text("Upload device logs").first.wait_for()
     upload(page, str(EXAMPLE_LOG))
-    page.get_by_role("button", name="Back to the example log").wait_for()
+    page.get_by_role("button", name="Remove my logs").wait_for()
     page.get_by_text("Every row accepted (6 runs)").first.wait_for()
     assert_no_crash(page)
 
