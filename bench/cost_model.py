@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -127,19 +128,24 @@ def run_kind(name: str) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"kind": {k: v for k, v in kind.__dict__.items()}, **before, "wall_s": round(wall, 1),
             "peak_rss_tree_bytes": watch.peak_bytes, "peak_rss_with_fork_server_bytes": rss.peak_bytes,
+            "cpu_s": round(watch.cpu_s, 1),
             "max_process_rss_bytes": rss.max_process_bytes,
             "when": time.strftime("%Y-%m-%d %H:%M:%S"), "code_commit": code_commit(), "machine": machine()}
 
 
 def save(name: str, row: dict) -> None:
-    data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"rows": {}, "history": {}}
-    old = data["rows"].get(name)
-    if old is not None:
-        data["history"].setdefault(name, []).append(old)
-    data["rows"][name] = row
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(RESULTS)
+    """Merge ``row`` into the results (under a lock: two bench runs may finish at once)."""
+    from filelock import FileLock
+
+    with FileLock(os.path.join(tempfile.gettempdir(), "qfold-cost-model-results.lock")):
+        data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"rows": {}, "history": {}}
+        old = data["rows"].get(name)
+        if old is not None:
+            data["history"].setdefault(name, []).append(old)
+        data["rows"][name] = row
+        tmp = RESULTS.with_suffix(f".json.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(RESULTS)
 
 
 def check() -> int:

@@ -32,7 +32,9 @@ def _entry(key: str, pid: int, root: str) -> QueueEntry:
 
 
 def test_a_conversion_in_another_builds_folder_is_listed_until_its_process_ends(machine_dir, tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(50_000_000); time.sleep(30)"])
+    burn = ("import time\nx = bytearray(50_000_000)\nt = time.process_time()\n"
+            "while time.process_time() - t < 1.0: pass\ntime.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", burn])
     try:
         write_machine_entry(_entry("m-qfold-state-ctx256-abc", child.pid, str(tmp_path / "elsewhere")))
         listed = machine_queue()
@@ -43,6 +45,11 @@ def test_a_conversion_in_another_builds_folder_is_listed_until_its_process_ends(
         while watch.sample() < 50_000_000 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert watch.sample() >= 50_000_000  # the child's 50 MB bytearray is resident: measured, not estimated
+        deadline = time.monotonic() + 30
+        while watch.cpu_s < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            watch.sample()
+        assert 1.0 <= watch.cpu_s < 5.0  # the second of CPU it burned
         assert TreeWatch(("m-qfold-state-ctx256-abc",), tmp_path / "another").sample() == 0  # by folder too
     finally:
         child.kill()

@@ -40,6 +40,7 @@ class JobSnapshot:
     elapsed_s: float
     estimate: BuildCost | None = None  # what the page said before it started (analyzer.model.cost)
     peak_rss_tree_bytes: int = 0  # measured: the conversion's process tree (TreeWatch); 0 before it starts
+    cpu_s: float = 0.0  # measured: the CPU seconds of the conversion's processes (TreeWatch)
 
     @property
     def finished(self) -> bool:
@@ -55,6 +56,7 @@ class TreeWatch:
     def __init__(self, keys: tuple[str, ...], root: Path, interval_s: float = 0.2) -> None:
         self.keys, self.root, self.interval_s = set(keys), str(Path(root).resolve()), interval_s
         self.peak_bytes = 0
+        self._cpu: dict[tuple[int, float], float] = {}  # (pid, start time) → its CPU seconds when last seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="qfold-tree-watch")
 
@@ -74,8 +76,14 @@ class TreeWatch:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of the conversion's processes, as last seen (a worker's last fraction of a
+        second before it exits is not seen): on an idle machine, about its wall time times the cores it kept busy."""
+        return sum(self._cpu.values())
+
     def sample(self) -> int:
-        """The conversion's summed RSS now (0 when it is not running)."""
+        """The conversion's summed RSS now (0 when it is not running); notes each process's CPU time."""
         pids = {e.pid for e in machine_queue() if e.key in self.keys and e.root == self.root}
         total = 0
         for pid in pids:
@@ -83,7 +91,10 @@ class TreeWatch:
                 proc = psutil.Process(pid)
                 for p in (proc, *proc.children(recursive=True)):
                     with contextlib.suppress(psutil.Error):
-                        total += p.memory_info().rss
+                        with p.oneshot():
+                            total += p.memory_info().rss
+                            t = p.cpu_times()
+                            self._cpu[(p.pid, p.create_time())] = t.user + t.system
             except psutil.Error:
                 continue
         return total
@@ -167,4 +178,5 @@ class BuildJob:
                 elapsed_s=end - self._started,
                 estimate=self.estimate,
                 peak_rss_tree_bytes=self._watch.peak_bytes,
+                cpu_s=self._watch.cpu_s,
             )
