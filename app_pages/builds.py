@@ -274,8 +274,8 @@ def conversions() -> None:
                                          "builds folder": "this one" if e.root in ("", mine) else e.root,
                                          "pid": str(e.pid), "waiting or running for (s)": round(now - e.since_s)}
                                         for e in sorted(q, key=lambda e: e.since_s)]))
-        st.caption("Every conversion on this machine, whichever session, command or builds folder started it; one "
-                   "converts at a time per builds folder.")
+        st.caption("The queue of the whole machine: every conversion, whichever session, command or builds folder "
+                   "started it; one converts at a time per builds folder.")
     else:
         st.caption("Nothing queued or converting on this machine.")
     seen = st.session_state.setdefault("builds_jobs_seen", set())

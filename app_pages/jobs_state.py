@@ -22,9 +22,11 @@ def job_snapshots() -> list[JobSnapshot]:
 
 
 def running_keys() -> set[str]:
-    """Build keys converting now: this session's jobs and the machine-wide queue."""
+    """Build keys converting now into this builds folder: this session's jobs and the machine-wide queue."""
     keys = {k for s in job_snapshots() if not s.finished for k in s.keys}
-    return keys | {e.key for e in queue(builds_root())} | {e.key for e in machine_queue()}
+    root = builds_root()
+    mine = str(root.resolve())  # the same key in another builds folder is another build
+    return keys | {e.key for e in queue(root)} | {e.key for e in machine_queue() if e.root == mine}
 
 
 def measured_beside_estimate(s: JobSnapshot) -> str:

@@ -73,3 +73,40 @@ def test_unreadable_entries_are_dropped_and_never_raise(machine_dir):
     (machine_dir / "1-x.json").write_text("{not json")
     (machine_dir / "2-y.json").write_text('{"key": "../../etc", "pid": 1, "state": "running", "since": 0}')
     assert machine_queue() == []
+
+
+def test_the_builds_page_lists_a_conversion_of_another_builds_folder(tiny_builds, machine_dir, tmp_path):
+    from tests.test_app import open_page
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        write_machine_entry(_entry("exaone-4.0-1.2b-qfold-state-ctx4096-abc123", child.pid, str(tmp_path / "theirs")))
+        at = open_page("app_pages/builds.py")
+        queue = next(d.value for d in at.dataframe if "builds folder" in d.value.columns)
+        row = queue[queue["build"] == "exaone-4.0-1.2b-qfold-state-ctx4096-abc123"]
+        assert list(row["builds folder"]) == [str(tmp_path / "theirs")] and list(row["pid"]) == [str(child.pid)]
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.conversion
+def test_a_finished_build_shows_what_it_measured_beside_its_estimate(tmp_path):
+    """A BuildJob of a 2-layer pair: its process tree's peak RSS and CPU time are measured while it converts, and
+    the page's line sets them beside the estimate it showed before (``app_pages.jobs_state``)."""
+    from analyzer.convert.jobs import BuildJob
+    from analyzer.model.cost import estimate_builds
+    from analyzer.model.sources import resolve_source
+    from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
+    from app_pages.jobs_state import measured_beside_estimate
+    from tests.conftest import TINY_CTX, TINY_OVERRIDES
+
+    source = resolve_source("exaone-4.0-1.2b", TINY_OVERRIDES)
+    specs = tuple(BuildSpec(source, v, "state", TINY_CTX, build_mode=ANALYSIS_MODE) for v in ("repeat_kv", "qfold"))
+    job = BuildJob(specs, tmp_path / "builds", estimate=estimate_builds(specs)).start()
+    job._thread.join(timeout=300)
+    snap = job.snapshot()
+    assert snap.state == "done", snap.error
+    assert 100e6 < snap.peak_rss_tree_bytes < 4e9 and snap.cpu_s > 1.0
+    line = measured_beside_estimate(snap)
+    assert line.startswith("peak ") and "measured (estimated" in line and "% off" in line
