@@ -6,6 +6,7 @@ of its process tree (the conversion child and the workers it starts, as the Buil
 
     PYTHONPATH=. .venv/bin/python bench/cost_model.py run KIND [KIND ...]      (analysis-mode kinds, ~1-3 GB)
     flock /tmp/qfold-fullsize.lock env PYTHONPATH=. .venv/bin/python bench/cost_model.py run coreml-mat-ab
+    PYTHONPATH=. .venv/bin/python bench/cost_model.py fit [--write]   (coefficients per backend and mode → cost.py)
     PYTHONPATH=. .venv/bin/python bench/cost_model.py check     (every measured row against today's estimate)
     PYTHONPATH=. .venv/bin/python bench/cost_model.py list
 
@@ -169,6 +170,98 @@ def check() -> int:
     return 1 if bad else 0
 
 
+def _rows_with_history(data: dict) -> list[tuple[str, dict]]:
+    """Every measured row: each kind's latest and its earlier runs (the same request measured again)."""
+    out = [(name, row) for name, row in data["rows"].items()]
+    out += [(name, old) for name, olds in data.get("history", {}).items() for old in olds
+            if name in data["rows"] and "peak_rss_with_fork_server_bytes" in old]  # measured as TreeWatch does
+    return out
+
+
+def _kind_of(row: dict) -> Kind:
+    k = row["kind"]
+    return Kind(**{**k, "variants": tuple(k["variants"]), "overrides": tuple(k["overrides"])})
+
+
+def _features(kind: Kind) -> tuple[dict, dict]:
+    from analyzer.model.cost import request_features
+    from analyzer.model.sources import load_config
+
+    specs = kind.specs()
+    s = specs[0]
+    return request_features(load_config(s.source), s.ctx, s.build_mode, s.backend, s.weights, builds=len(specs),
+                            phase=s.phase, q_len=s.q_len, compressed=s.compression is not None)
+
+
+def _minimax(x, y, iterations: int = 200):
+    """Coefficients ≥ 0 of ``x @ c ≈ y`` minimising the largest relative error (Lawson's reweighted least squares
+    on relative residuals; a column whose coefficient would go negative is dropped)."""
+    import numpy as np
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    scale = np.where(np.abs(x).max(axis=0) > 0, np.abs(x).max(axis=0), 1.0)
+    a = x / scale / y[:, None]  # relative: each row divided by its measurement
+    b = np.ones(len(y))
+    keep = [j for j in range(x.shape[1]) if np.abs(x[:, j]).max() > 0]
+    w = np.ones(len(y)) / len(y)
+    best, best_err = np.zeros(x.shape[1]), np.inf
+    for _ in range(iterations):
+        while True:
+            sw = np.sqrt(w)[:, None]
+            sol, *_ = np.linalg.lstsq(a[:, keep] * sw, b * sw[:, 0], rcond=None)
+            if (sol >= 0).all() or len(keep) == 1:
+                break
+            keep = [j for j, v in zip(keep, sol, strict=True) if v > 0] or keep[:1]
+        c = np.zeros(x.shape[1])
+        c[keep] = np.clip(sol, 0, None)
+        r = np.abs(a @ c - b)
+        if r.max() < best_err:
+            best, best_err = c.copy(), r.max()
+        w = w * (r + 1e-12)
+        w = w / w.sum()
+    return best / scale, best_err
+
+
+def fit(write: bool) -> int:
+    """Coefficients per backend and build mode from every measured row (minimax relative error), the error each
+    states, and (``--write``) the FIT block of analyzer/model/cost.py replaced by them."""
+    from analyzer.model.cost import FEATURES, TIME_FEATURES
+
+    data = json.loads(RESULTS.read_text())
+    groups: dict[tuple[str, str], list] = {}
+    for name, row in _rows_with_history(data):
+        kind = _kind_of(row)
+        peak_f, cpu_f = _features(kind)
+        groups.setdefault((kind.backend, kind.mode), []).append((name, peak_f, cpu_f, row))
+    lines = []
+    for (backend, mode), rows in sorted(groups.items()):
+        peak_c, err = _minimax([[f[k] for k in FEATURES] for _, f, _, _ in rows],
+                               [r["peak_rss_tree_bytes"] for _, _, _, r in rows])
+        timed = [(f, r["cpu_s"]) for _, _, f, r in rows if r.get("cpu_s")]
+        cpu_c = _minimax([[f[k] for k in TIME_FEATURES] for f, _ in timed], [c for _, c in timed])[0] \
+            if timed else [0.0] * len(TIME_FEATURES)
+        print(f"{backend} {mode}: {len(rows)} rows, largest relative error {err:.1%}")
+        for name, f, _, r in rows:
+            est = sum(c * f[k] for c, k in zip(peak_c, FEATURES, strict=True))
+            print(f"   {name:40s} {r['peak_rss_tree_bytes'] / 1e9:6.2f} GB measured, {est / 1e9:6.2f} estimated "
+                  f"({est / r['peak_rss_tree_bytes'] - 1:+.0%})")
+        peak = ", ".join(f'"{k}": {v:.4g}' for k, v in zip(FEATURES, peak_c, strict=True))
+        cpu = ", ".join(f'"{k}": {v:.4g}' for k, v in zip(TIME_FEATURES, cpu_c, strict=True))
+        const = {"coreml": "COREML", "coreai": "COREAI"}[backend] + ", " + \
+            {"analysis": "ANALYSIS_MODE", "materialised": "MATERIALISED_MODE"}[mode]
+        lines.append(f"    ({const}): Coefficients(\n        peak={{{peak}}},\n        cpu={{{cpu}}},\n"
+                     f"        error={max(err, 0.01):.3f}, rows={len(rows)}),")
+    if write:
+        path = ROOT / "analyzer" / "model" / "cost.py"
+        text = path.read_text()
+        start = text.index("FIT: dict[tuple[str, str], Coefficients] = {")
+        end = text.index("}\n# <!-- end of bench/cost_model.py fit -->")
+        path.write_text(text[:start] + "FIT: dict[tuple[str, str], Coefficients] = {\n" + "\n".join(lines) + "\n"
+                        + text[end:])
+        print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -176,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("kinds", nargs="+", choices=sorted(KINDS))
     sub.add_parser("check")
     sub.add_parser("list")
+    pf = sub.add_parser("fit")
+    pf.add_argument("--write", action="store_true", help="replace the FIT block of analyzer/model/cost.py")
     a = p.parse_args(argv)
     if a.cmd == "list":
         for name, kind in KINDS.items():
@@ -183,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.cmd == "check":
         return check()
+    if a.cmd == "fit":
+        return fit(a.write)
     for name in a.kinds:
         print(f"{name}: {KINDS[name]}", flush=True)
         row = run_kind(name)

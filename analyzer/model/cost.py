@@ -45,38 +45,38 @@ REDUCED = {"num_layers": 2, "hidden_size": 256, "vocab_size": 1000, "intermediat
 # check's reduced model (analyzer.convert.checks.reduced_source); a model no larger converts its variants in turn
 
 
+FEATURES = ("floor", "layers", "kv", "scores", "weights", "compressed")
+TIME_FEATURES = ("floor", "layers", "weights")
+
+
 @dataclass(frozen=True, slots=True)
 class Coefficients:
-    """One backend and build mode's fit (bytes, seconds); ``error``: its largest relative error on the bench rows."""
+    """One backend and build mode's fit: bytes of peak RSS per unit of each of :data:`FEATURES`, CPU seconds per
+    unit of each of :data:`TIME_FEATURES`, and ``error``: the largest relative error of the peak on the bench rows
+    it was fitted to (their earlier runs included)."""
 
-    floor_bytes: float
-    per_layer_bytes: float
-    per_kv_byte: float
-    per_weight_byte: float
+    peak: dict[str, float]
+    cpu: dict[str, float]
     error: float
-    fixed_s: float
-    per_layer_s: float
-    per_weight_gb_s: float
-    rows: str  # which bench rows it was fitted to
+    rows: int  # how many bench rows (with their earlier runs) it was fitted to
 
 
-# Fitted by ``bench/cost_model.py fit`` to bench/results/cost_model.json (the rows named in each ``rows``).
+# <!-- bench/cost_model.py fit --write: generated from bench/results/cost_model.json -->
 FIT: dict[tuple[str, str], Coefficients] = {
     (COREML, ANALYSIS_MODE): Coefficients(
-        floor_bytes=0.45e9, per_layer_bytes=15e6, per_kv_byte=0.2, per_weight_byte=0.0, error=0.25,
-        fixed_s=15.0, per_layer_s=2.0, per_weight_gb_s=0.5, rows="coreml-an-*"),
+        peak={"floor": 0.45e9, "layers": 15e6, "kv": 0.2, "scores": 0.5, "weights": 0.0, "compressed": 0.0},
+        cpu={"floor": 15.0, "layers": 1.0, "weights": 0.0}, error=0.25, rows=0),
     (COREML, MATERIALISED_MODE): Coefficients(
-        floor_bytes=0.45e9, per_layer_bytes=30e6, per_kv_byte=0.2, per_weight_byte=1.25, error=0.25,
-        fixed_s=15.0, per_layer_s=2.0, per_weight_gb_s=14.0, rows="coreml-mat-*"),
+        peak={"floor": 0.45e9, "layers": 30e6, "kv": 0.2, "scores": 0.5, "weights": 1.25, "compressed": 0.0},
+        cpu={"floor": 15.0, "layers": 1.0, "weights": 14.0}, error=0.25, rows=0),
     (COREAI, ANALYSIS_MODE): Coefficients(
-        floor_bytes=0.55e9, per_layer_bytes=15e6, per_kv_byte=0.2, per_weight_byte=0.0, error=0.25,
-        fixed_s=15.0, per_layer_s=6.0, per_weight_gb_s=0.5, rows="coreai-an-*"),
+        peak={"floor": 0.55e9, "layers": 15e6, "kv": 0.2, "scores": 0.5, "weights": 0.0, "compressed": 0.0},
+        cpu={"floor": 15.0, "layers": 3.0, "weights": 0.0}, error=0.25, rows=0),
     (COREAI, MATERIALISED_MODE): Coefficients(
-        floor_bytes=0.55e9, per_layer_bytes=30e6, per_kv_byte=0.2, per_weight_byte=2.0, error=0.25,
-        fixed_s=15.0, per_layer_s=6.0, per_weight_gb_s=50.0, rows="coreai-mat-*"),
+        peak={"floor": 0.55e9, "layers": 30e6, "kv": 0.2, "scores": 0.5, "weights": 2.0, "compressed": 0.0},
+        cpu={"floor": 15.0, "layers": 3.0, "weights": 50.0}, error=0.25, rows=0),
 }
-COMPRESSION_PER_WEIGHT_BYTE = 0.0  # coremltools.optimize's extra copy while it compresses (materialised)
-PREFILL_PER_TOKEN_HIDDEN_BYTES = 0.0  # a prefill call's activations, per prompt token and hidden unit
+# <!-- end of bench/cost_model.py fit -->
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
 # hidden 16,384, vocabularies up to 262,144 (Gemma 3) and contexts up to 131,072 positions among qfold's
 # presets; the ceilings leave 4-8x headroom and keep the MIL program (≈ 150 ops per layer) and the static
@@ -100,13 +100,14 @@ class BuildCost:
     peak_rss_bytes: int
     limit_bytes: int
     mode: str = MATERIALISED_MODE  # the build mode estimated (analyzer.model.spec.BUILD_MODES)
-    wall_s: float = 0.0  # the request, on the bench machine
+    wall_s: float = 0.0  # the request's wall time on an idle machine like the bench's (its CPU time ÷ processes)
     package_bytes: int | None = None  # per build; None: an analysis-mode build keeps no package
     layers: int = 0
     builds: int = 1  # the builds of the request (an A/B's variants, converted by one child)
     weight_bytes: int = 0  # the torch weights' bytes (fp16: 2 per parameter, fp32: 4)
     error: float = 0.0  # the fit's largest relative error on the bench rows
     backend: str = COREML
+    cpu_s: float = 0.0  # CPU seconds of the conversion's processes (``wall_s``: on an idle machine, at once)
 
     @property
     def low_bytes(self) -> int:
@@ -131,10 +132,10 @@ class BuildCost:
         return f"within ±{self.error:.0%} of the measured peaks it was fitted to (bench/results/cost_model.json)"
 
     def summary(self) -> str:
-        """``~3.5 min and ~7.2 GB of memory for 2 materialised builds; a 2.6 GB package each`` (formatting at the
-        edge)."""
+        """``~3.5 min on an idle machine and ~7.2 GB of memory for 2 materialised builds; a 2.6 GB package each``
+        (formatting at the edge)."""
         minutes = self.wall_s / 60
-        took = f"~{minutes:.1f} min" if minutes >= 1 else f"~{self.wall_s:.0f} s"
+        took = (f"~{minutes:.1f} min" if minutes >= 1 else f"~{self.wall_s:.0f} s") + " on an idle machine"
         text = (f"{took} and ~{self.peak_rss_bytes / 1e9:.1f} GB of memory for {self.builds} {self.mode} "
                 f"build{'s' if self.builds != 1 else ''}")
         if self.package_bytes is not None:
@@ -183,6 +184,26 @@ def _reduced_size(config, g: AttentionGeometry) -> bool:
     return _params(config, g) <= count_params(reduced, REDUCED["intermediate_size"], False)
 
 
+def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COREML,
+                     weights: str = DEFAULT_WEIGHTS, *, builds: int = 1, phase: str = "decode", q_len: int = 1,
+                     compressed: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """What the peak and the CPU time of a request are linear in (the module docstring): ``floor`` 1; ``layers`` and
+    ``kv`` (its KV state bytes) times the variants converting at once; ``scores``, a prefill call's attention scores
+    (prompt tokens × ctx × query heads × layers × 4 bytes) at once; ``weights``, the torch weights' bytes held as
+    values (materialised only); ``compressed``, the fp16 weight bytes coremltools.optimize compresses."""
+    g = geometry_of(config)
+    params = _params(config, g)
+    kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])
+    w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
+    copies = min(builds, 2) if mode == ANALYSIS_MODE and not _reduced_size(config, g) else 1
+    scores = (q_len if phase != "decode" else 0) * ctx * g.num_q_heads * g.num_layers * 4
+    peak = {"floor": 1.0, "layers": copies * g.num_layers, "kv": copies * kv, "scores": copies * scores,
+            "weights": w if mode == MATERIALISED_MODE else 0.0, "compressed": 2 * params if compressed else 0.0}
+    cpu = {"floor": 1.0, "layers": builds * g.num_layers,
+           "weights": builds * w / 1e9 if mode == MATERIALISED_MODE else 0.0}
+    return peak, cpu
+
+
 def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COREML, weights: str = DEFAULT_WEIGHTS,
              *, builds: int = 1, phase: str = "decode", q_len: int = 1, compressed: bool = False) -> BuildCost:
     """The cost of converting ``builds`` variants of ``config`` (a transformers config) at ``ctx`` cache slots in
@@ -190,19 +211,17 @@ def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COR
     ``q_len`` prompt tokens per call; ``compressed`` with coremltools.optimize."""
     g = geometry_of(config)
     params = _params(config, g)
-    kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])  # kv_dtype is fp16 or fp32, always
     known = mode if mode in (ANALYSIS_MODE, MATERIALISED_MODE) else MATERIALISED_MODE  # unknown: over-reserve
     c = FIT[(backend if backend in (COREML, COREAI) else COREML, known)]
+    peak_f, cpu_f = request_features(config, ctx, known, backend, weights, builds=builds, phase=phase, q_len=q_len,
+                                     compressed=compressed)
+    peak = sum(c.peak.get(k, 0.0) * v for k, v in peak_f.items())
+    cpu = sum(c.cpu.get(k, 0.0) * v for k, v in cpu_f.items())
     w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
-    copies = min(builds, 2) if known == ANALYSIS_MODE and not _reduced_size(config, g) else 1
-    peak = c.floor_bytes + copies * (c.per_layer_bytes * g.num_layers + c.per_kv_byte * kv) + c.per_weight_byte * w
-    if known == MATERIALISED_MODE and compressed:
-        peak += COMPRESSION_PER_WEIGHT_BYTE * w
-    if phase != "decode":
-        peak += PREFILL_PER_TOKEN_HIDDEN_BYTES * q_len * g.hidden_size * g.num_layers
-    wall = c.fixed_s + c.per_layer_s * g.num_layers * builds + c.per_weight_gb_s * w / 1e9 * builds
-    return BuildCost(params, 2 * params, kv, round(peak), memory_limit_bytes(), known, wall,
-                     w if known == MATERIALISED_MODE else None, g.num_layers, builds, w, c.error, backend)
+    kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])
+    parallel = peak_f["layers"] / max(g.num_layers, 1)  # the processes converting at once
+    return BuildCost(params, 2 * params, kv, round(peak), memory_limit_bytes(), known, cpu / parallel,
+                     w if known == MATERIALISED_MODE else None, g.num_layers, builds, w, c.error, backend, cpu)
 
 
 def estimate_builds(specs) -> BuildCost:
