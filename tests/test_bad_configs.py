@@ -49,7 +49,7 @@ FILE_CASES: dict[str, str] = {
     "vocab-null.json": r"vocab_size",
     "intermediate-negative.json": r"intermediate_size=-4096: must be a positive integer",
     "mla.json": r"kv_lora_rank=512: multi-head latent attention",
-    "too-big-for-memory.json": r"this conversion does not fit: estimated peak memory .* GB for [0-9,]+ parameters",
+    "too-big-for-memory.json": r"this conversion does not fit: estimated peak memory .* GB .* of [0-9,]+ parameters",
 }
 
 # extra argv after `build --variant qfold` → (exit code, regex)

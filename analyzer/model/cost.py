@@ -37,7 +37,7 @@ import psutil
 
 from analyzer.errors import SourceError
 from analyzer.model.backends import COREAI, COREML, DEFAULT_WEIGHTS, kv_dtype
-from analyzer.model.sources import AttentionGeometry, geometry_of
+from analyzer.model.sources import AttentionGeometry, geometry_of, load_config
 from analyzer.model.spec import ANALYSIS_MODE, MATERIALISED_MODE
 
 WEIGHT_BYTES = {"fp16": 2, "fp32": 4}  # the torch weights' dtype (analyzer.model.backends.WEIGHT_DTYPES)
@@ -227,8 +227,6 @@ def estimate(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COR
 def estimate_builds(specs) -> BuildCost:
     """The cost of one request: ``specs`` (``analyzer.model.spec.BuildSpec`` of one source, as an A/B is) converted
     by one child."""
-    from analyzer.model.sources import load_config
-
     s = specs[0]
     return estimate(load_config(s.source), s.ctx, s.build_mode, s.backend, s.weights, builds=len(specs),
                     phase=s.phase, q_len=s.q_len, compressed=s.compression is not None)
