@@ -80,7 +80,10 @@ def default_pair_figures(tiny_builds):
 
 @pytest.fixture(scope="module")
 def coreai_pair_figures(coreai_builds):
-    return ab_figures(*(f"build:{coreai_builds[v].name}" for v in ("repeat_kv", "qfold")))
+    ids = [f"build:{coreai_builds[v].name}" for v in ("repeat_kv", "qfold")]
+    log = b"device,build,tok_per_s\nLinux CPU,tiny rkv,49.7\nLinux CPU,tiny qfold,95.0\n"  # bench/coreai.json's rates
+    return ab_figures(*ids) + page_figures(BANDWIDTH, logs_files=[("coreai.csv", log)], logs_example=False,
+                                           logs_mapping={"tiny rkv": ids[0], "tiny qfold": ids[1]})
 
 
 def test_every_chart_of_the_default_pair_has_axes_that_fit_its_data(default_pair_figures):
@@ -94,6 +97,7 @@ def test_every_chart_of_the_default_pair_has_axes_that_fit_its_data(default_pair
 
 def test_every_chart_of_a_core_ai_pair_has_axes_that_fit_its_data(coreai_pair_figures):
     assert any("Roofline" in where for where, _ in coreai_pair_figures)
+    assert any("Measured tok/s vs bytes per token" in where for where, _ in coreai_pair_figures)
     problems = [p for where, spec in coreai_pair_figures for p in axis_problems(spec, where)]
     assert not problems, "\n".join(problems)
 
