@@ -85,7 +85,9 @@ with st.container(border=True):
                              key="builds_layers")
     ctx = c2.number_input("Context length (cache slots)", min_value=16, max_value=131_072, step=256, key="builds_ctx")
     kv_mode = c3.radio("KV cache", KV_MODES, horizontal=True, key="builds_kv",
-                       format_func=lambda m: {"state": "Core ML state", "input": "inputs (read-only)"}.get(m, m))
+                       format_func=lambda m: {"state": "state (in the model)", "input": "inputs (read-only)"}.get(m, m),
+                       help="state: the cache lives in the model (a Core ML state; Core AI state handles); inputs: it "
+                            "is passed in on each call and only read.")
     mode = st.radio("Build mode", list(BUILD_MODES), horizontal=True, key="builds_mode",
                     help="Both modes give the same analysis, op for op (tests/test_fast_identity.py).")
     st.caption(f"**{mode}**: {BUILD_MODES[mode]}.")
