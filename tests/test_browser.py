@@ -168,6 +168,8 @@ def test_ab_logs_bandwidth_export_flow(page, server, tmp_path):
     # Device logs: upload the example log
     go(page, "Device logs")
     page.get_by_text("Upload device logs").first.wait_for()
+    page.get_by_role("button", name="Remove the example").click()  # an upload adds to the example: uploaded alone
+    page.get_by_role("button", name="Show the example again").wait_for()
     upload(page, str(EXAMPLE_LOG))
     page.get_by_role("button", name="Remove my logs").wait_for()
     page.get_by_text("Every row accepted (6 runs)").first.wait_for()
