@@ -8,6 +8,7 @@ of its process tree (the conversion child and the workers it starts, as the Buil
     flock /tmp/qfold-fullsize.lock env PYTHONPATH=. .venv/bin/python bench/cost_model.py run coreml-mat-ab
     PYTHONPATH=. .venv/bin/python bench/cost_model.py fit [--write]   (coefficients per backend and mode → cost.py)
     PYTHONPATH=. .venv/bin/python bench/cost_model.py check     (every measured row against today's estimate)
+    PYTHONPATH=. .venv/bin/python bench/cost_model.py table [--write]   (the README's table, from the results)
     PYTHONPATH=. .venv/bin/python bench/cost_model.py list
 
 Kinds (``KINDS``): both backends, both build modes, 2 layers to 70B, decode, prefill, decode+prefill and compressed.
@@ -262,6 +263,35 @@ def fit(write: bool) -> int:
     return 0
 
 
+README = ROOT / "README.md"
+TABLE_START = "<!-- bench/cost_model.py table: generated from bench/results/cost_model.json -->"
+TABLE_END = "<!-- end of bench/cost_model.py table -->"
+
+
+def table(write: bool) -> int:
+    """The README's table of every measured kind: measured peak and CPU beside today's estimate."""
+    from analyzer.model.cost import estimate_builds
+
+    data = json.loads(RESULTS.read_text())
+    lines = ["| request (one child) | params | measured peak | estimated | off | CPU measured | estimated | load |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, row in sorted(data["rows"].items(), key=lambda kv: (kv[1]["kind"]["backend"], kv[1]["kind"]["mode"],
+                                                                   kv[1]["params"])):
+        cost = estimate_builds(_kind_of(row).specs())
+        cpu = f"{row['cpu_s']:.0f} s" if row.get("cpu_s") else "—"
+        off = cost.peak_rss_bytes / row["peak_rss_tree_bytes"] - 1
+        lines.append(f"| `{name}` | {row['params'] / 1e9:,.2f} B | {row['peak_rss_tree_bytes'] / 1e9:.2f} GB | "
+                     f"{cost.peak_rss_bytes / 1e9:.2f} GB | {off:+.0%} | {cpu} | {cost.cpu_s:.0f} s | "
+                     f"{row['machine']['load_average_1_5_15'][0]:.0f} |")
+    text = "\n".join(lines)
+    print(text)
+    if write:
+        readme = README.read_text()
+        start, end = readme.index(TABLE_START) + len(TABLE_START), readme.index(TABLE_END)
+        README.write_text(readme[:start] + "\n" + text + "\n" + readme[end:])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -269,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("kinds", nargs="+", choices=sorted(KINDS))
     sub.add_parser("check")
     sub.add_parser("list")
+    pt = sub.add_parser("table")
+    pt.add_argument("--write", action="store_true", help="replace the table in README.md")
     pf = sub.add_parser("fit")
     pf.add_argument("--write", action="store_true", help="replace the FIT block of analyzer/model/cost.py")
     a = p.parse_args(argv)
@@ -280,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         return check()
     if a.cmd == "fit":
         return fit(a.write)
+    if a.cmd == "table":
+        return table(a.write)
     for name in a.kinds:
         print(f"{name}: {KINDS[name]}", flush=True)
         row = run_kind(name)
