@@ -84,22 +84,25 @@ def rebuild_for_real(selected: tuple[AnalysisRef, AnalysisRef] | None) -> None:
         if not specs:
             st.info("Nothing to rebuild for this pair.")
             return
-        try:
-            costs = [estimate_builds([s]) for s in specs]
+        try:  # one request: the variants of one source share a child (analyzer.model.cost.estimate_builds)
+            cost = estimate_builds(specs) if len({s.source for s in specs}) == 1 else None
+            costs = [] if cost is not None else [estimate_builds([s]) for s in specs]
         except QfoldError as e:
             widgets.error(e)
             return
+        what = "; ".join(f"{fmt.md(s.source.label)} **· {s.variant} · ctx {s.ctx}**"
+                         + (f" (estimated {c.summary().removeprefix('~')})" if c else "")
+                         for s, c in zip(specs, costs or [None] * len(specs), strict=True))
         st.warning("Converts at full size in **analysis mode** (value-free weights: the same analysis as a "
-                   "materialised build, no package), in one child process: "
-                   + "; ".join(f"{fmt.md(s.source.label)} **· {s.variant} · ctx {s.ctx}** (estimated "
-                               f"{c.summary().removeprefix('~')})" for s, c in zip(specs, costs, strict=True))
+                   f"materialised build, no package), in one child process: {what}"
+                   + (f" (estimated together {cost.summary().removeprefix('~')}; {cost.error_text})" if cost else "")
                    + ". Other sessions keep working; conversions queue machine-wide. A runnable package: the "
                    "Export page.")
         busy = any(not s.finished for s in jobs_state.job_snapshots())
         if busy:
             st.caption("A conversion started from this session is still running (see the Builds page).")
         if st.button(f"Queue {len(specs)} full-size build(s)", key="ab_rebuild", type="primary", disabled=busy):
-            jobs_state.start_job(BuildJob(tuple(specs), builds_root()))
+            jobs_state.start_job(BuildJob(tuple(specs), builds_root(), estimate=cost))
             st.success("Queued. Follow the progress on the Builds page.")
         st.page_link("app_pages/builds.py", label="Builds page", icon=":material/build:")
 

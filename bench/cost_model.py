@@ -280,7 +280,8 @@ def table(write: bool) -> int:
         cost = estimate_builds(_kind_of(row).specs())
         cpu = f"{row['cpu_s']:.0f} s" if row.get("cpu_s") else "—"
         off = cost.peak_rss_bytes / row["peak_rss_tree_bytes"] - 1
-        lines.append(f"| `{name}` | {row['params'] / 1e9:,.2f} B | {row['peak_rss_tree_bytes'] / 1e9:.2f} GB | "
+        params = f"{row['params'] / 1e9:,.2f} B" if row["params"] >= 1e8 else f"{row['params'] / 1e6:,.1f} M"
+        lines.append(f"| `{name}` | {params} | {row['peak_rss_tree_bytes'] / 1e9:.2f} GB | "
                      f"{cost.peak_rss_bytes / 1e9:.2f} GB | {off:+.0%} | {cpu} | {cost.cpu_s:.0f} s | "
                      f"{row['machine']['load_average_1_5_15'][0]:.0f} |")
     text = "\n".join(lines)
