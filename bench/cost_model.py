@@ -194,15 +194,20 @@ def _features(kind: Kind) -> tuple[dict, dict]:
                             phase=s.phase, q_len=s.q_len, compressed=s.compression is not None)
 
 
-def _minimax(x, y, iterations: int = 200):
-    """Coefficients ≥ 0 of ``x @ c ≈ y`` minimising the largest relative error (Lawson's reweighted least squares
-    on relative residuals; a column whose coefficient would go negative is dropped)."""
+GRAPH_TERMS = ("layers", "kv")  # what a materialised build shares with its backend's analysis mode...
+MIN_KINDS_ALONE = 4  # ...when fewer kinds than this were measured materialised (too few to fit every term alone)
+
+
+def _minimax(x, y, iterations: int = 200, relative_to=None):
+    """Coefficients ≥ 0 of ``x @ c ≈ y`` minimising the largest error relative to ``relative_to`` (default ``y``):
+    Lawson's reweighted least squares; a column whose coefficient would go negative is dropped."""
     import numpy as np
 
     x, y = np.asarray(x, float), np.asarray(y, float)
+    rel = np.asarray(relative_to if relative_to is not None else y, float)
     scale = np.where(np.abs(x).max(axis=0) > 0, np.abs(x).max(axis=0), 1.0)
-    a = x / scale / y[:, None]  # relative: each row divided by its measurement
-    b = np.ones(len(y))
+    a = x / scale / rel[:, None]  # relative: each row divided by its measurement
+    b = y / rel
     keep = [j for j in range(x.shape[1]) if np.abs(x[:, j]).max() > 0]
     w = np.ones(len(y)) / len(y)
     best, best_err = np.zeros(x.shape[1]), np.inf
@@ -215,7 +220,7 @@ def _minimax(x, y, iterations: int = 200):
             keep = [j for j, v in zip(keep, sol, strict=True) if v > 0] or keep[:1]
         c = np.zeros(x.shape[1])
         c[keep] = np.clip(sol, 0, None)
-        r = np.abs(a @ c - b)
+        r = np.abs(a @ c - b)  # relative to the measurement
         if r.max() < best_err:
             best, best_err = c.copy(), r.max()
         w = w * (r + 1e-12)
@@ -234,10 +239,22 @@ def fit(write: bool) -> int:
         kind = _kind_of(row)
         peak_f, cpu_f = _features(kind)
         groups.setdefault((kind.backend, kind.mode), []).append((name, peak_f, cpu_f, row))
-    lines = []
-    for (backend, mode), rows in sorted(groups.items()):
-        peak_c, err = _minimax([[f[k] for k in FEATURES] for _, f, _, _ in rows],
-                               [r["peak_rss_tree_bytes"] for _, _, _, r in rows])
+    lines, shared = [], {}
+    # analysis mode first: a materialised build holds, per layer and per KV byte, what an analysis-mode conversion
+    # holds, plus the weight values; with few materialised kinds measured it takes those two coefficients from its
+    # backend's analysis fit and fits the rest (the layer and KV terms stay measured, not guessed from two rows)
+    for (backend, mode), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "analysis")):
+        kinds = {name for name, *_ in rows}
+        fixed = {k: shared[backend][k] for k in GRAPH_TERMS} \
+            if mode == "materialised" and backend in shared and len(kinds) < MIN_KINDS_ALONE else {}
+        free = [k for k in FEATURES if k not in fixed]
+        offset = [sum(v * f[k] for k, v in fixed.items()) for _, f, _, _ in rows]
+        free_c, err = _minimax([[f[k] for k in free] for _, f, _, _ in rows],
+                               [r["peak_rss_tree_bytes"] - o for (_, _, _, r), o in zip(rows, offset, strict=True)],
+                               relative_to=[r["peak_rss_tree_bytes"] for _, _, _, r in rows])
+        peak_c = [fixed.get(k, dict(zip(free, free_c, strict=True)).get(k, 0.0)) for k in FEATURES]
+        if mode == "analysis":
+            shared[backend] = dict(zip(FEATURES, peak_c, strict=True))
         timed = [(f, r["cpu_s"]) for _, _, f, r in rows if r.get("cpu_s")]
         cpu_c = _minimax([[f[k] for k in TIME_FEATURES] for f, _ in timed], [c for _, c in timed])[0] \
             if timed else [0.0] * len(TIME_FEATURES)

@@ -8,7 +8,7 @@ Builds page shows beside this estimate once the build is done), fitted per backe
 ``bench/results/cost_model.json`` (``bench/cost_model.py run``: 2 layers to 70B, both backends and modes, decode,
 prefill, decode+prefill and compressed, each in a fresh builds folder)::
 
-    peak = floor + copies · (per_layer · layers + per_kv · KV state bytes) + per_weight · weight bytes
+    peak = floor + copies · (per_process + per_layer · layers + per_kv · KV state bytes) + per_weight · weight bytes
 
 * ``copies``: how many variants convert at once. Analysis mode converts an A/B's second variant in a worker process
   beside the child (``analyzer.convert.modes._Workers``), except for a model no larger than the reduced model the
@@ -45,7 +45,7 @@ REDUCED = {"num_layers": 2, "hidden_size": 256, "vocab_size": 1000, "intermediat
 # check's reduced model (analyzer.convert.checks.reduced_source); a model no larger converts its variants in turn
 
 
-FEATURES = ("floor", "layers", "kv", "scores", "weights", "compressed")
+FEATURES = ("floor", "copies", "layers", "kv", "scores", "weights", "compressed")
 TIME_FEATURES = ("floor", "layers", "weights")
 
 
@@ -63,18 +63,22 @@ class Coefficients:
 
 # <!-- bench/cost_model.py fit --write: generated from bench/results/cost_model.json -->
 FIT: dict[tuple[str, str], Coefficients] = {
-    (COREML, ANALYSIS_MODE): Coefficients(
-        peak={"floor": 0.45e9, "layers": 15e6, "kv": 0.2, "scores": 0.5, "weights": 0.0, "compressed": 0.0},
-        cpu={"floor": 15.0, "layers": 1.0, "weights": 0.0}, error=0.25, rows=0),
-    (COREML, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 0.45e9, "layers": 30e6, "kv": 0.2, "scores": 0.5, "weights": 1.25, "compressed": 0.0},
-        cpu={"floor": 15.0, "layers": 1.0, "weights": 14.0}, error=0.25, rows=0),
     (COREAI, ANALYSIS_MODE): Coefficients(
-        peak={"floor": 0.55e9, "layers": 15e6, "kv": 0.2, "scores": 0.5, "weights": 0.0, "compressed": 0.0},
-        cpu={"floor": 15.0, "layers": 3.0, "weights": 0.0}, error=0.25, rows=0),
+        peak={"floor": 4.784e+08, "copies": 1.542e+08, "layers": 2.494e+06, "kv": 0.2974, "scores": 0, "weights": 0, "compressed": 0},
+        cpu={"floor": 4.65, "layers": 1.162, "weights": 0},
+        error=0.010, rows=3),
     (COREAI, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 0.55e9, "layers": 30e6, "kv": 0.2, "scores": 0.5, "weights": 2.0, "compressed": 0.0},
-        cpu={"floor": 15.0, "layers": 3.0, "weights": 50.0}, error=0.25, rows=0),
+        peak={"floor": 2.066e+08, "copies": 2.066e+08, "layers": 2.494e+06, "kv": 0.2974, "scores": 0, "weights": 28.19, "compressed": 0},
+        cpu={"floor": 2.7, "layers": 0.675, "weights": 184.2},
+        error=0.010, rows=2),
+    (COREML, ANALYSIS_MODE): Coefficients(
+        peak={"floor": 0, "copies": 5.872e+08, "layers": 6.135e+06, "kv": 0, "scores": 0.8332, "weights": 0, "compressed": 0},
+        cpu={"floor": 0, "layers": 0.4813, "weights": 0},
+        error=0.166, rows=6),
+    (COREML, MATERIALISED_MODE): Coefficients(
+        peak={"floor": 2.193e+08, "copies": 2.193e+08, "layers": 1.526e+07, "kv": 1.819, "scores": 0, "weights": 1.272, "compressed": 2.656},
+        cpu={"floor": 0, "layers": 1.112, "weights": 13.04},
+        error=0.014, rows=5),
 }
 # <!-- end of bench/cost_model.py fit -->
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
@@ -187,8 +191,9 @@ def _reduced_size(config, g: AttentionGeometry) -> bool:
 def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: str = COREML,
                      weights: str = DEFAULT_WEIGHTS, *, builds: int = 1, phase: str = "decode", q_len: int = 1,
                      compressed: bool = False) -> tuple[dict[str, float], dict[str, float]]:
-    """What the peak and the CPU time of a request are linear in (the module docstring): ``floor`` 1; ``layers`` and
-    ``kv`` (its KV state bytes) times the variants converting at once; ``scores``, a prefill call's attention scores
+    """What the peak and the CPU time of a request are linear in (the module docstring): ``floor`` 1; ``copies``, the
+    processes converting variants at once (each holds the imported libraries' working set); ``layers`` and ``kv``
+    (its KV state bytes) times those processes; ``scores``, a prefill call's attention scores
     (prompt tokens × ctx × query heads × layers × 4 bytes) at once; ``weights``, the torch weights' bytes held as
     values (materialised only); ``compressed``, the fp16 weight bytes coremltools.optimize compresses."""
     g = geometry_of(config)
@@ -197,8 +202,9 @@ def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: s
     w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
     copies = min(builds, 2) if mode == ANALYSIS_MODE and not _reduced_size(config, g) else 1
     scores = (q_len if phase != "decode" else 0) * ctx * g.num_q_heads * g.num_layers * 4
-    peak = {"floor": 1.0, "layers": copies * g.num_layers, "kv": copies * kv, "scores": copies * scores,
-            "weights": w if mode == MATERIALISED_MODE else 0.0, "compressed": 2 * params if compressed else 0.0}
+    peak = {"floor": 1.0, "copies": copies, "layers": copies * g.num_layers, "kv": copies * kv,
+            "scores": copies * scores, "weights": w if mode == MATERIALISED_MODE else 0.0,
+            "compressed": 2 * params if compressed else 0.0}
     cpu = {"floor": 1.0, "layers": builds * g.num_layers,
            "weights": builds * w / 1e9 if mode == MATERIALISED_MODE else 0.0}
     return peak, cpu
