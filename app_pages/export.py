@@ -174,9 +174,9 @@ with st.container(border=True):
                 widgets.error(e, "Cannot rebuild it: ")
             else:
                 st.markdown(f"A runnable package needs a **materialised build** of the same spec (the same analysis, "
-                            f"with weight values): {cost.summary().removeprefix('~')} (estimated; "
-                            "analyzer/model/cost.py). It runs in the background and waits its turn; the package "
-                            "then appears here.")
+                            f"with weight values): {cost.summary().removeprefix('~')} (estimated by "
+                            f"analyzer/model/cost.py, {cost.error_text}). It runs in the background and waits its "
+                            "turn; what it measured is shown here once it is done.")
                 if st.button("Make a runnable package", key="export_materialise", icon=":material/build:",
                              disabled=spec.key in jobs_state.running_keys()):
                     jobs_state.start_job(BuildJob((spec,), builds_root(), estimate=cost))
