@@ -36,7 +36,8 @@ def test_an_unsupported_family_is_refused_in_the_preview_naming_the_supported_on
 
 def test_the_cost_check_runs_in_the_preview(tiny_builds, monkeypatch):
     at = open_page(BUILDS)
-    assert any("of memory for" in c and "of a limit of" in c for c in texts(at.caption)), texts(at.caption)
+    assert any("of memory for 2 analysis builds" in c and "of a limit of" in c and "within ±" in c
+               for c in texts(at.caption)), texts(at.caption)  # the request (an A/B, one child), its stated error
     assert not at.button(key="builds_convert").disabled
     monkeypatch.setenv("QFOLD_MAX_BUILD_BYTES", "100000000")  # 0.1 GB: nothing fits
     at.number_input(key="builds_ctx").set_value(2048).run()
