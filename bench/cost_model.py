@@ -28,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +276,7 @@ def fit(write: bool) -> int:
         cpu = ", ".join(f'"{k}": {v:.4g}' for k, v in zip(TIME_FEATURES, cpu_c, strict=True))
         const = {"coreml": "COREML", "coreai": "COREAI"}[backend] + ", " + \
             {"analysis": "ANALYSIS_MODE", "materialised": "MATERIALISED_MODE"}[mode]
+        peak = textwrap.fill(peak, 100, subsequent_indent=" " * 14, break_on_hyphens=False)
         lines.append(f"    ({const}): Coefficients(\n        peak={{{peak}}},\n        cpu={{{cpu}}},\n"
                      f"        error={math.ceil(max(err, noise) * 1000) / 1000:.3f}, rows={len(rows)}),")
     if write:

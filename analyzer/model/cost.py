@@ -64,21 +64,25 @@ class Coefficients:
 # <!-- bench/cost_model.py fit --write: generated from bench/results/cost_model.json -->
 FIT: dict[tuple[str, str], Coefficients] = {
     (COREAI, ANALYSIS_MODE): Coefficients(
-        peak={"floor": 4.784e+08, "copies": 1.542e+08, "layers": 2.494e+06, "kv": 0.2974, "scores": 0, "weights": 0, "compressed": 0},
-        cpu={"floor": 4.65, "layers": 1.162, "weights": 0},
-        error=0.129, rows=3),
+        peak={"floor": 6.24e+08, "copies": 0, "layers": 3.172e+06, "kv": 0.3781, "scores": 0, "weights": 0.7932,
+              "compressed": 0},
+        cpu={"floor": 6.546, "layers": 0.6885, "weights": 0},
+        error=0.129, rows=4),
     (COREAI, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 2.066e+08, "copies": 2.066e+08, "layers": 2.494e+06, "kv": 0.2974, "scores": 0, "weights": 28.19, "compressed": 0},
+        peak={"floor": 2.057e+08, "copies": 2.057e+08, "layers": 3.172e+06, "kv": 0.3781, "scores": 0, "weights":
+              28.07, "compressed": 0},
         cpu={"floor": 2.7, "layers": 0.675, "weights": 184.2},
         error=0.129, rows=2),
     (COREML, ANALYSIS_MODE): Coefficients(
-        peak={"floor": 0, "copies": 5.872e+08, "layers": 6.135e+06, "kv": 0, "scores": 0.8332, "weights": 0, "compressed": 0},
-        cpu={"floor": 0, "layers": 0.4813, "weights": 0},
-        error=0.166, rows=6),
+        peak={"floor": 0, "copies": 6.303e+08, "layers": 0, "kv": 0.3038, "scores": 0.8973, "weights": 0,
+              "compressed": 0},
+        cpu={"floor": 0, "layers": 0.6991, "weights": 0},
+        error=0.236, rows=8),
     (COREML, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 2.193e+08, "copies": 2.193e+08, "layers": 1.526e+07, "kv": 1.819, "scores": 0, "weights": 1.272, "compressed": 2.656},
+        peak={"floor": 2.204e+08, "copies": 2.204e+08, "layers": 1.471e+07, "kv": 1.754, "scores": 1.141,
+              "weights": 1.284, "compressed": 2.656},
         cpu={"floor": 0, "layers": 1.112, "weights": 13.04},
-        error=0.129, rows=5),
+        error=0.129, rows=6),
 }
 # <!-- end of bench/cost_model.py fit -->
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
@@ -194,8 +198,10 @@ def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: s
     """What the peak and the CPU time of a request are linear in (the module docstring): ``floor`` 1; ``copies``, the
     processes converting variants at once (each holds the imported libraries' working set); ``layers`` and ``kv``
     (its KV state bytes) times those processes; ``scores``, a prefill call's attention scores
-    (prompt tokens × ctx × query heads × layers × 4 bytes) at once; ``weights``, the torch weights' bytes held as
-    values (materialised only); ``compressed``, the fp16 weight bytes coremltools.optimize compresses."""
+    (prompt tokens × ctx × query heads × layers × 4 bytes) at once; ``weights``, the torch weights' bytes (held as
+    values by a materialised build; in analysis mode coreai-torch makes each value-free view contiguous as it
+    converts, Core ML holds none: the fit says which); ``compressed``, the fp16 weight bytes coremltools.optimize
+    compresses."""
     g = geometry_of(config)
     params = _params(config, g)
     kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])
@@ -203,7 +209,7 @@ def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: s
     copies = min(builds, 2) if mode == ANALYSIS_MODE and not _reduced_size(config, g) else 1
     scores = (q_len if phase != "decode" else 0) * ctx * g.num_q_heads * g.num_layers * 4
     peak = {"floor": 1.0, "copies": copies, "layers": copies * g.num_layers, "kv": copies * kv,
-            "scores": copies * scores, "weights": w if mode == MATERIALISED_MODE else 0.0,
+            "scores": copies * scores, "weights": w,
             "compressed": 2 * params if compressed else 0.0}
     cpu = {"floor": 1.0, "layers": builds * g.num_layers,
            "weights": builds * w / 1e9 if mode == MATERIALISED_MODE else 0.0}
