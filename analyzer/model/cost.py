@@ -206,7 +206,8 @@ def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: s
     params = _params(config, g)
     kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])
     w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
-    copies = min(builds, 2) if mode == ANALYSIS_MODE and not _reduced_size(config, g) else 1
+    # the child and a worker per spare core (analyzer.convert.modes._Workers): min(builds, cores) at once
+    copies = min(builds, os.cpu_count() or 1) if mode == ANALYSIS_MODE and not _reduced_size(config, g) else 1
     scores = (q_len if phase != "decode" else 0) * ctx * g.num_q_heads * g.num_layers * 4
     peak = {"floor": 1.0, "copies": copies, "layers": copies * g.num_layers, "kv": copies * kv,
             "scores": copies * scores, "weights": w,
