@@ -181,6 +181,11 @@ with st.container(border=True):
                        f"{fmt.size(cost.limit_bytes, 'auto-si', None)}; {cost.params:,} parameters, KV state "
                        f"{fmt.size(cost.kv_state_bytes, 'auto-si', None)}; {cost.error_text}). The variants run in "
                        "one child process, which waits its turn: one conversion at a time per builds folder.")
+            if cost.may_not_fit:
+                st.warning(f"It may not fit: the estimate's high end, {fmt.size(cost.high_bytes, 'auto-si', None)}, "
+                           f"is over the limit of {fmt.size(cost.limit_bytes, 'auto-si', None)} (its low end is under "
+                           "it, so it is not refused). A conversion out of memory fails with its log.",
+                           icon=":material/warning:")
             if mode == ANALYSIS_MODE:
                 export = preview_cost(source.config_json, int(ctx), "materialised", backend, weights, 1, phase, q,
                                       compression != "none")
