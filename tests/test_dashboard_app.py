@@ -39,6 +39,11 @@ def test_the_cost_check_runs_in_the_preview(tiny_builds, monkeypatch):
     assert any("of memory for 2 analysis builds" in c and "of a limit of" in c and "within ±" in c
                for c in texts(at.caption)), texts(at.caption)  # the request (an A/B, one child), its stated error
     assert not at.button(key="builds_convert").disabled
+    cost = next(c for c in texts(at.caption) if "of a limit of" in c)
+    peak_gb = float(cost.split("(peak ")[1].split(" GB")[0])
+    monkeypatch.setenv("QFOLD_MAX_BUILD_BYTES", str(int(peak_gb * 1e9)))  # between the estimate's two ends
+    at.number_input(key="builds_ctx").set_value(4000).run()
+    assert any("It may not fit" in w for w in texts(at.warning)) and not at.button(key="builds_convert").disabled
     monkeypatch.setenv("QFOLD_MAX_BUILD_BYTES", "100000000")  # 0.1 GB: nothing fits
     at.number_input(key="builds_ctx").set_value(2048).run()
     errors = texts(at.error)
