@@ -123,10 +123,11 @@ def test_a_bench_of_two_core_ai_builds_reaches_the_logs_and_the_bandwidth_fit(co
     at.switch_page("app_pages/device_logs.py")
     ok(at.run())
     assert any(i.startswith("1 log(s) from bench runs on the Builds page") for i in texts(at.info))
-    assert not any("write-up's published figures" in i for i in texts(at.info))  # bench logs replace the example
+    assert any("beside your 1 log(s)" in i for i in texts(at.info))  # a bench log adds to the example
     mapping = at.session_state["logs_mapping"]
     assert [mapping[label] for label in labels] == ids  # each row maps back to its build by its own label
     assert sum(c == "Mapped by its label: the label is this analysis's own." for c in texts(at.caption)) == 2
+    ok(at.button(key="logs_example_remove").click().run())  # the bench's rows alone from here
 
     at.switch_page("app_pages/bandwidth.py")
     ok(at.run())
