@@ -87,6 +87,7 @@ KINDS: dict[str, Kind] = {
     "coreai-an-2layer-ab": Kind(E, overrides=TWO_LAYERS, backend="coreai"),
     "coreai-an-structure-ab": Kind(E, overrides=STRUCTURE, backend="coreai"),
     "coreai-an-exaone-qfold": Kind(E, variants=("qfold",), backend="coreai"),
+    "coreai-an-llama8b-qfold": Kind("llama-3.1-8b", variants=("qfold",), backend="coreai", heavy=True),
     # materialised, small
     "coreml-mat-2layer-ab": Kind(E, overrides=TWO_LAYERS, mode="materialised"),
     "coreml-mat-structure-ab": Kind(E, overrides=STRUCTURE, mode="materialised"),

@@ -45,7 +45,7 @@ REDUCED = {"num_layers": 2, "hidden_size": 256, "vocab_size": 1000, "intermediat
 # check's reduced model (analyzer.convert.checks.reduced_source); a model no larger converts its variants in turn
 
 
-FEATURES = ("floor", "copies", "layers", "kv", "scores", "weights", "compressed")
+FEATURES = ("floor", "copies", "layers", "kv", "scores", "weights", "compressed", "merged")
 TIME_FEATURES = ("floor", "layers", "weights")
 
 
@@ -64,25 +64,25 @@ class Coefficients:
 # <!-- bench/cost_model.py fit --write: generated from bench/results/cost_model.json -->
 FIT: dict[tuple[str, str], Coefficients] = {
     (COREAI, ANALYSIS_MODE): Coefficients(
-        peak={"floor": 6.24e+08, "copies": 0, "layers": 3.172e+06, "kv": 0.3781, "scores": 0, "weights": 0.7932,
-              "compressed": 0},
+        peak={"floor": 6.24e+08, "copies": 0, "layers": 3.171e+06, "kv": 0.378, "scores": 0, "weights": 0.7932,
+              "compressed": 0, "merged": 0},
         cpu={"floor": 6.546, "layers": 0.6885, "weights": 0},
         error=0.129, rows=4),
     (COREAI, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 2.057e+08, "copies": 2.057e+08, "layers": 3.172e+06, "kv": 0.3781, "scores": 0, "weights":
-              28.07, "compressed": 0},
-        cpu={"floor": 2.7, "layers": 0.675, "weights": 184.2},
-        error=0.129, rows=2),
+        peak={"floor": 3.007e+08, "copies": 3.007e+08, "layers": 3.171e+06, "kv": 0.378, "scores": 0, "weights":
+              2.135, "compressed": 0, "merged": 0},
+        cpu={"floor": 5.505, "layers": 0.6195, "weights": 8.017},
+        error=0.129, rows=3),
     (COREML, ANALYSIS_MODE): Coefficients(
         peak={"floor": 0, "copies": 6.303e+08, "layers": 0, "kv": 0.3038, "scores": 0.8973, "weights": 0,
-              "compressed": 0},
+              "compressed": 0, "merged": 0},
         cpu={"floor": 0, "layers": 0.6991, "weights": 0},
         error=0.236, rows=8),
     (COREML, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 2.204e+08, "copies": 2.204e+08, "layers": 1.471e+07, "kv": 1.754, "scores": 1.141,
-              "weights": 1.284, "compressed": 2.656},
-        cpu={"floor": 0, "layers": 1.112, "weights": 13.04},
-        error=0.129, rows=6),
+        peak={"floor": 2.203e+08, "copies": 2.203e+08, "layers": 1.508e+07, "kv": 1.798, "scores": 1.141,
+              "weights": 1.275, "compressed": 2.656, "merged": 2.227},
+        cpu={"floor": 0, "layers": 1.179, "weights": 13.82},
+        error=0.129, rows=7),
 }
 # <!-- end of bench/cost_model.py fit -->
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
@@ -201,7 +201,8 @@ def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: s
     (prompt tokens × ctx × query heads × layers × 4 bytes) at once; ``weights``, the torch weights' bytes (held as
     values by a materialised build; in analysis mode coreai-torch makes each value-free view contiguous as it
     converts, Core ML holds none: the fit says which); ``compressed``, the fp16 weight bytes coremltools.optimize
-    compresses."""
+    compresses; ``merged``, the weight bytes of a decode+prefill package whose two functions' programs are merged into
+    one (both held while the shared weights are stored once)."""
     g = geometry_of(config)
     params = _params(config, g)
     kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])
@@ -211,7 +212,7 @@ def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: s
     scores = (q_len if phase != "decode" else 0) * ctx * g.num_q_heads * g.num_layers * 4
     peak = {"floor": 1.0, "copies": copies, "layers": copies * g.num_layers, "kv": copies * kv,
             "scores": copies * scores, "weights": w,
-            "compressed": 2 * params if compressed else 0.0}
+            "compressed": 2 * params if compressed else 0.0, "merged": w if phase == "decode+prefill" else 0.0}
     cpu = {"floor": 1.0, "layers": builds * g.num_layers,
            "weights": builds * w / 1e9 if mode == MATERIALISED_MODE else 0.0}
     return peak, cpu
