@@ -88,6 +88,7 @@ KINDS: dict[str, Kind] = {
     "coreai-an-structure-ab": Kind(E, overrides=STRUCTURE, backend="coreai"),
     "coreai-an-exaone-qfold": Kind(E, variants=("qfold",), backend="coreai"),
     "coreai-an-llama8b-qfold": Kind("llama-3.1-8b", variants=("qfold",), backend="coreai", heavy=True),
+    "coreai-an-llama1b-qfold": Kind("llama-3.2-1b", variants=("qfold",), backend="coreai"),  # tied, like exaone
     # materialised, small
     "coreml-mat-2layer-ab": Kind(E, overrides=TWO_LAYERS, mode="materialised"),
     "coreml-mat-structure-ab": Kind(E, overrides=STRUCTURE, mode="materialised"),
@@ -201,34 +202,24 @@ GRAPH_TERMS = ("layers", "kv")  # what a materialised build shares with its back
 MIN_KINDS_ALONE = 4  # ...when fewer kinds than this were measured materialised (too few to fit every term alone)
 
 
-def _minimax(x, y, iterations: int = 200, relative_to=None):
-    """Coefficients ≥ 0 of ``x @ c ≈ y`` minimising the largest error relative to ``relative_to`` (default ``y``):
-    Lawson's reweighted least squares; a column whose coefficient would go negative is dropped."""
+def _minimax(x, y, relative_to=None):
+    """Coefficients ≥ 0 of ``x @ c ≈ y`` with the smallest largest error relative to ``relative_to`` (default
+    ``y``): the linear programme min t subject to −t ≤ (x @ c − y) / rel ≤ t, c ≥ 0 (scipy's HiGHS)."""
     import numpy as np
+    from scipy.optimize import linprog
 
     x, y = np.asarray(x, float), np.asarray(y, float)
     rel = np.asarray(relative_to if relative_to is not None else y, float)
-    scale = np.where(np.abs(x).max(axis=0) > 0, np.abs(x).max(axis=0), 1.0)
-    a = x / scale / rel[:, None]  # relative: each row divided by its measurement
-    b = y / rel
-    keep = [j for j in range(x.shape[1]) if np.abs(x[:, j]).max() > 0]
-    w = np.ones(len(y)) / len(y)
-    best, best_err = np.zeros(x.shape[1]), np.inf
-    for _ in range(iterations):
-        while True:
-            sw = np.sqrt(w)[:, None]
-            sol, *_ = np.linalg.lstsq(a[:, keep] * sw, b * sw[:, 0], rcond=None)
-            if (sol >= 0).all() or len(keep) == 1:
-                break
-            keep = [j for j, v in zip(keep, sol, strict=True) if v > 0] or keep[:1]
-        c = np.zeros(x.shape[1])
-        c[keep] = np.clip(sol, 0, None)
-        r = np.abs(a @ c - b)  # relative to the measurement
-        if r.max() < best_err:
-            best, best_err = c.copy(), r.max()
-        w = w * (r + 1e-12)
-        w = w / w.sum()
-    return best / scale, best_err
+    # columns scaled to 1 and rows to the largest measurement: the programme's numbers near 1 (HiGHS reads ~1e-9 as 0)
+    scale = np.where(np.abs(x).max(axis=0) > 0, np.abs(x).max(axis=0), 1.0) / np.abs(rel).max()
+    a, b = x / scale / rel[:, None], y / rel
+    n = a.shape[1]
+    ones = np.ones((len(b), 1))
+    res = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.r_[np.c_[a, -ones], np.c_[-a, -ones]], b_ub=np.r_[b, -b],
+                  bounds=[(0, None)] * (n + 1), method="highs")
+    if not res.success:
+        raise SystemExit(f"the fit failed: {res.message}")
+    return res.x[:n] / scale, float(res.x[n])
 
 
 def fit(write: bool) -> int:

@@ -10,9 +10,10 @@ prefill, decode+prefill and compressed, each in a fresh builds folder)::
 
     peak = floor + copies · (per_process + per_layer · layers + per_kv · KV state bytes) + per_weight · weight bytes
 
-* ``copies``: how many variants convert at once. Analysis mode converts an A/B's second variant in a worker process
-  beside the child (``analyzer.convert.modes._Workers``), except for a model no larger than the reduced model the
-  equivalence check runs on, converted in turn in the child; a materialised build converts its variants in turn.
+* ``copies``: how many variants convert at once. Core ML's analysis mode converts an A/B's second variant in a worker
+  process beside the child (``analyzer.convert.modes._Workers``), except for a model no larger than the reduced model
+  the equivalence check runs on, converted in turn in the child; a materialised build, and any Core AI build
+  (``analyzer.convert.coreai_build.coreai_group``), converts its variants in turn.
 * ``per_layer``: the traced graph and the MIL/MLIR program per decoder layer (it dominates at small widths: a
   2-layer and a 30-layer structure A/B differ by ~30 MB a layer while their weights are a few MB).
 * ``per_kv``: the KV state the trace allocates (a fraction of it is touched: zero pages cost nothing).
@@ -64,24 +65,24 @@ class Coefficients:
 # <!-- bench/cost_model.py fit --write: generated from bench/results/cost_model.json -->
 FIT: dict[tuple[str, str], Coefficients] = {
     (COREAI, ANALYSIS_MODE): Coefficients(
-        peak={"floor": 6.24e+08, "copies": 0, "layers": 3.171e+06, "kv": 0.378, "scores": 0, "weights": 0.7932,
+        peak={"floor": 9.196e+08, "copies": 0, "layers": 1.105e+07, "kv": 0, "scores": 0, "weights": 0.1035,
               "compressed": 0, "merged": 0},
-        cpu={"floor": 6.546, "layers": 0.6885, "weights": 0},
-        error=0.129, rows=4),
+        cpu={"floor": 3.157, "layers": 1.007, "weights": 0},
+        error=0.467, rows=5),
     (COREAI, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 3.007e+08, "copies": 3.007e+08, "layers": 3.171e+06, "kv": 0.378, "scores": 0, "weights":
-              2.135, "compressed": 0, "merged": 0},
-        cpu={"floor": 5.505, "layers": 0.6195, "weights": 8.017},
+        peak={"floor": 5.924e+08, "copies": 0, "layers": 1.105e+07, "kv": 0, "scores": 0, "weights": 2.08,
+              "compressed": 0, "merged": 0},
+        cpu={"floor": 7.89, "layers": 0, "weights": 14.35},
         error=0.129, rows=3),
     (COREML, ANALYSIS_MODE): Coefficients(
-        peak={"floor": 0, "copies": 6.303e+08, "layers": 0, "kv": 0.3038, "scores": 0.8973, "weights": 0,
+        peak={"floor": 0, "copies": 5.992e+08, "layers": 4.072e+06, "kv": 0.1274, "scores": 0.5551, "weights": 0,
               "compressed": 0, "merged": 0},
         cpu={"floor": 0, "layers": 0.6991, "weights": 0},
-        error=0.236, rows=8),
+        error=0.185, rows=8),
     (COREML, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 2.203e+08, "copies": 2.203e+08, "layers": 1.508e+07, "kv": 1.798, "scores": 1.141,
-              "weights": 1.275, "compressed": 2.656, "merged": 2.227},
-        cpu={"floor": 0, "layers": 1.179, "weights": 13.82},
+        peak={"floor": 4.347e+08, "copies": 0, "layers": 2.939e+07, "kv": 0, "scores": 1.06, "weights": 1.287,
+              "compressed": 2.592, "merged": 2.195},
+        cpu={"floor": 1.269, "layers": 2.337, "weights": 0},
         error=0.129, rows=7),
 }
 # <!-- end of bench/cost_model.py fit -->
@@ -207,8 +208,10 @@ def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: s
     params = _params(config, g)
     kv = kv_state_bytes(g, ctx, WEIGHT_BYTES[kv_dtype(backend, weights)])
     w = WEIGHT_BYTES.get(weights, max(WEIGHT_BYTES.values())) * params
-    # the child and a worker per spare core (analyzer.convert.modes._Workers): min(builds, cores) at once
-    copies = min(builds, os.cpu_count() or 1) if mode == ANALYSIS_MODE and not _reduced_size(config, g) else 1
+    # Core ML analysis mode: the child and a worker per spare core (analyzer.convert.modes._Workers), min(builds,
+    # cores) at once; Core AI converts an A/B's variants in turn (analyzer.convert.coreai_build.coreai_group)
+    parallel = mode == ANALYSIS_MODE and backend == COREML and not _reduced_size(config, g)
+    copies = min(builds, os.cpu_count() or 1) if parallel else 1
     scores = (q_len if phase != "decode" else 0) * ctx * g.num_q_heads * g.num_layers * 4
     peak = {"floor": 1.0, "copies": copies, "layers": copies * g.num_layers, "kv": copies * kv,
             "scores": copies * scores, "weights": w,
