@@ -47,7 +47,7 @@ REDUCED = {"num_layers": 2, "hidden_size": 256, "vocab_size": 1000, "intermediat
 
 
 FEATURES = ("floor", "copies", "layers", "kv", "scores", "weights", "compressed", "merged")
-TIME_FEATURES = ("floor", "layers", "weights")
+TIME_FEATURES = ("floor", "layers", "kv", "scores", "weights", "compressed", "merged")  # per build, in GB
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,25 +65,28 @@ class Coefficients:
 # <!-- bench/cost_model.py fit --write: generated from bench/results/cost_model.json -->
 FIT: dict[tuple[str, str], Coefficients] = {
     (COREAI, ANALYSIS_MODE): Coefficients(
-        peak={"floor": 9.196e+08, "copies": 0, "layers": 1.105e+07, "kv": 0, "scores": 0, "weights": 0.1035,
+        peak={"floor": 8.544e+08, "copies": 0, "layers": 2.19e+07, "kv": 0, "scores": 0, "weights": 0.07749,
               "compressed": 0, "merged": 0},
-        cpu={"floor": 3.157, "layers": 1.007, "weights": 0},
-        error=0.467, rows=5),
+        cpu={"floor": 6.201, "layers": 0.1127, "kv": 64.3, "scores": 0, "weights": 0, "compressed": 0, "merged":
+             0},
+        error=0.400, rows=8),
     (COREAI, MATERIALISED_MODE): Coefficients(
-        peak={"floor": 5.924e+08, "copies": 0, "layers": 1.105e+07, "kv": 0, "scores": 0, "weights": 2.08,
+        peak={"floor": 5.716e+08, "copies": 0, "layers": 2.19e+07, "kv": 0, "scores": 0, "weights": 1.961,
               "compressed": 0, "merged": 0},
-        cpu={"floor": 7.89, "layers": 0, "weights": 14.35},
-        error=0.129, rows=3),
+        cpu={"floor": 7.89, "layers": 0, "kv": 0, "scores": 0, "weights": 14.35, "compressed": 0, "merged": 0},
+        error=0.130, rows=3),
     (COREML, ANALYSIS_MODE): Coefficients(
         peak={"floor": 0, "copies": 5.992e+08, "layers": 4.072e+06, "kv": 0.1274, "scores": 0.5551, "weights": 0,
               "compressed": 0, "merged": 0},
-        cpu={"floor": 0, "layers": 0.6991, "weights": 0},
-        error=0.185, rows=8),
+        cpu={"floor": 3.391, "layers": 0.338, "kv": 6.862, "scores": 0, "weights": 0, "compressed": 0, "merged":
+             0},
+        error=0.186, rows=8),
     (COREML, MATERIALISED_MODE): Coefficients(
         peak={"floor": 4.347e+08, "copies": 0, "layers": 2.939e+07, "kv": 0, "scores": 1.06, "weights": 1.287,
               "compressed": 2.592, "merged": 2.195},
-        cpu={"floor": 1.269, "layers": 2.337, "weights": 0},
-        error=0.129, rows=7),
+        cpu={"floor": 0.8, "layers": 1.473, "kv": 0, "scores": 26.62, "weights": 0, "compressed": 68.71,
+             "merged": 77.7},
+        error=0.130, rows=7),
 }
 # <!-- end of bench/cost_model.py fit -->
 # Hard ceilings, independent of memory. The largest published decoders have ~126 layers (Llama 3.1 405B),
@@ -216,8 +219,9 @@ def request_features(config, ctx: int, mode: str = MATERIALISED_MODE, backend: s
     peak = {"floor": 1.0, "copies": copies, "layers": copies * g.num_layers, "kv": copies * kv,
             "scores": copies * scores, "weights": w,
             "compressed": 2 * params if compressed else 0.0, "merged": w if phase == "decode+prefill" else 0.0}
-    cpu = {"floor": 1.0, "layers": builds * g.num_layers,
-           "weights": builds * w / 1e9 if mode == MATERIALISED_MODE else 0.0}
+    cpu = {"floor": 1.0, "layers": builds * g.num_layers, "kv": builds * kv / 1e9, "scores": builds * scores / 1e9,
+           "weights": builds * w / 1e9 if mode == MATERIALISED_MODE else 0.0, "compressed": peak["compressed"] / 1e9,
+           "merged": peak["merged"] / 1e9}
     return peak, cpu
 
 
