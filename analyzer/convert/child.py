@@ -107,7 +107,7 @@ def build_all(specs: list[BuildSpec], out_dirs: dict[str, Path],
     # an analysis A/B keeps the other cores busy with its variant workers: its equivalence check runs here; so
     # does the check of builds no larger than the reduced model (a worker would take longer to start than they)
     side_by_side = (os.cpu_count() or 1) > 1 and any(len(g) > 1 for g in groups.values()) and all(
-        g[0].build_mode == ANALYSIS_MODE and g[0].backend != COREAI for g in groups.values())
+        g[0].build_mode == ANALYSIS_MODE for g in groups.values())
     small = all(is_reduced_size(s) for s in specs)
     in_process = ("(a model of the reduced model's size: quicker than starting a worker)" if small else
                   "after its own conversion" if side_by_side else "")
