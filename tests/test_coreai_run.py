@@ -271,3 +271,46 @@ def test_every_core_ai_child_is_held_to_its_limit_and_says_so(assets, tmp_path, 
     assert str(e.value) == (f"{asset}: the Core AI runtime did not answer within 0 s {limit}"
                             f"{native_child.asset_bytes(asset) * native_child.SECONDS_PER_GB / 1e9:.1f} s for "
                             f"{native_child.asset_bytes(asset) / 1e9:.2f} GB) while loading it; stopped")
+
+
+def test_the_ratio_interval_is_the_median_s_order_statistics():
+    """median_ci by hand: 5 paired ratios → [min, max] at 1 − 2/32; 10 → [x(2), x(9)] at 1 − 2·11/1024."""
+    from analyzer.measure.bench import median_ci
+
+    assert median_ci([1.3, 0.9, 1.1, 1.0, 1.2]) == (1.1, 0.9, 1.3, 1 - 2 / 32)
+    med, low, high, level = median_ci([float(x) for x in range(10)])
+    assert (med, low, high) == (4.5, 1.0, 8.0) and level == pytest.approx(1 - 2 * 11 / 1024)
+    assert median_ci([2.0]) == (2.0, 2.0, 2.0, 0.0)  # one round: a ratio, no interval
+
+
+def test_bench_times_prefill_beside_decode_with_ttft_memory_and_an_interval(coreai_builds, builds_root, capsys):
+    """--phase decode,prefill --q-len 8: each decode build's prefill build beside it is timed too (prompt tok/s,
+    TTFT = one call, measured), decode rows get a derived TTFT (8 steps), every row a peak memory, every row after
+    the first of its phase a ratio with its interval; --compute-units other than cpu is refused on Linux."""
+    from dataclasses import replace
+
+    from analyzer.analysis.record import load_analysis
+    from analyzer.convert.launch import run_builds
+
+    decode = [coreai_builds["repeat_kv"], coreai_builds["qfold"]]
+    args = ["bench", *map(str, decode), "--steps", "2", "--rounds", "3", "--warmup", "0", "--phase",
+            "decode,prefill", "--q-len", "8", "--json"]
+    assert main(args) == 1  # no prefill build yet: said, with what to build
+    assert "no prefill build of its spec with --q-len 8" in capsys.readouterr().err
+    run_builds([replace(load_analysis(d).build.spec, phase="prefill", q_len=8) for d in decode], builds_root)
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["targets"]
+    assert [(t["phase"], t["tokens_per_call"]) for t in rows] == [("decode", 1)] * 2 + [("prefill", 8)] * 2
+    assert rows[0]["ratio_to_first"] is None and rows[2]["ratio_to_first"] is None
+    for t in (rows[1], rows[3]):
+        r = t["ratio_to_first"]
+        assert r["rounds"] == 3 and r["low"] <= r["median"] <= r["high"] and r["level"] == 0.75
+    for t in rows:
+        assert t["memory"]["peak_bytes"] >= t["memory"]["resident_bytes"] > 0
+        assert t["ttft_ms"] == pytest.approx(8 * t["ms_per_token_median"] if t["phase"] == "decode"
+                                             else t["ms_per_call_median"])
+        assert t["tok_per_s_median"] == pytest.approx(1e3 / t["ms_per_token_median"])
+    assert "order statistics" in doc["ratio_method"]
+    assert main(["bench", str(decode[0]), "--compute-units", "gpu"]) == 1
+    assert "runs on the CPU only" in capsys.readouterr().err

@@ -242,8 +242,9 @@ def test_reduce_transposes_consts_kept_is_coremltools_pass_without_comparing_wei
 
 def test_a_trace_over_zero_pages_skips_the_products_and_records_the_same_graph():
     """``ZeroPageProducts``: every projection and the lm_head (2 layers × 7 + 1 products) and the attention
-    products (2 per layer) answered without multiplying, and the traced graph identical op for op, tensor types
-    and strides included, to a trace that multiplies (names of torch's mangled classes aside)."""
+    products (2 per layer) answered without multiplying, repeat_kv's copies of the empty cache (K and V per layer)
+    made lazy zeros, and the traced graph identical op for op, tensor types and strides included, to a trace that
+    multiplies and copies (names of torch's mangled classes aside)."""
     import re
 
     from analyzer.convert.modes import make_step
@@ -253,7 +254,7 @@ def test_a_trace_over_zero_pages_skips_the_products_and_records_the_same_graph()
     source = resolve_source(DEFAULT_PRESET, TINY_OVERRIDES)
     layers = load_config(source).num_hidden_layers
     for variant in ("repeat_kv", "qfold"):
-        spec = BuildSpec(source, variant, "state", 64, build_mode=ANALYSIS_MODE)
+        spec = BuildSpec(source, variant, "state", 512, build_mode=ANALYSIS_MODE)  # repeat_kv's copies: 2^20 each
         graphs, hits = [], []
         for skip in (False, True):
             model = build_value_free_model(source)
@@ -264,7 +265,8 @@ def test_a_trace_over_zero_pages_skips_the_products_and_records_the_same_graph()
                     traced = trace_step(step)
             else:
                 traced = trace_step(step)
-            hits.append((mode.weight_hits, mode.activation_hits))
+            hits.append((mode.weight_hits, mode.activation_hits, mode.copy_hits))
             graphs.append(re.sub(r"\.?___torch_mangle_\d+", "", str(traced.inlined_graph)))
-        assert hits == [(0, 0), (7 * layers + 1, 2 * layers)], variant
+        copies = 2 * layers if variant == "repeat_kv" else 0  # K and V copied per layer, from an empty cache
+        assert hits == [(0, 0, 0), (7 * layers + 1, 2 * layers, copies)], variant
         assert graphs[0] == graphs[1] and graphs[0].count("aten::linear") == 7 * layers + 1, variant

@@ -58,6 +58,28 @@ INTERPRETER_CHECK_MAX_BYTES = 128 << 20
 INTERPRETER_CHECK_STEPS = 4
 
 
+# A decode step's torch check runs at the build's ctx up to this many cache slots. Its decode writes
+# ``equivalence_steps`` (8) slots; every slot past them is masked (MASK_VALUE: weight exactly 0 after the softmax in
+# fp16 and fp32), so a longer static cache adds slots that no compared logit can depend on, while its cost grows with
+# ctx (the reduced Llama-3.1-8B geometry, CPU seconds on this machine: 2.4 at ctx 512, 6.4 at 4096, 43 at 32768;
+# bench/results/profile_build.json, "equivalence"). 4096 is the default build's ctx, so the default A/B is unchanged.
+EQUIVALENCE_CTX_CAP = 4096
+
+
+def equivalence_ctx(spec: BuildSpec) -> int:
+    """The ctx a single-phase spec's torch equivalence check runs at: the build's own, or
+    :data:`EQUIVALENCE_CTX_CAP` for a decode step above it when the reduced model's config sees both on the same
+    side of every ctx threshold (``analyzer.model.ctx_thresholds``: a sliding window shorter than one of them
+    changes the step's ops, so the check keeps the build's ctx). A prefill check keeps its ctx (how many calls its
+    prompt takes depends on it)."""
+    from analyzer.model.ctx_thresholds import ctx_regime
+
+    if spec.phase != "decode" or spec.ctx <= EQUIVALENCE_CTX_CAP or spec.equivalence_steps > EQUIVALENCE_CTX_CAP:
+        return spec.ctx
+    config = load_config(reduced_source(spec.source))
+    return EQUIVALENCE_CTX_CAP if ctx_regime(config, EQUIVALENCE_CTX_CAP) == ctx_regime(config, spec.ctx) else spec.ctx
+
+
 def _weights_text(source: ModelSource) -> str:
     return "safetensors weights" if source.has_real_weights else f"seeded random weights (seed {source.seed})"
 
@@ -69,6 +91,10 @@ def torch_check(report: EquivalenceReport, spec: BuildSpec, weights: str | None 
     fp16, fp32 = pairs.get("fp16"), pairs.get("fp32")
     compressed = spec.compression
     note = f"fp32 max |Δ logits| {fp32.max_abs_diff:.3g}" if fp32 else ""
+    if report.ctx != spec.ctx:
+        note = (f"{note}; " if note else "") + (
+            f"run at ctx {report.ctx}, not the build's {spec.ctx}: the cache slots past the {report.steps} written "
+            f"are masked (weight 0), so no compared logit depends on them (checks.EQUIVALENCE_CTX_CAP)")
     if compressed:
         where = ("asset stores (run both variants' assets on the Core AI runtime: qfold run BUILD --steps N)"
                  if spec.backend == "coreai" else "package stores (see the interpreter check)")
@@ -154,7 +180,7 @@ def _equivalence_key(spec: BuildSpec) -> tuple[str, str]:
     mode, ctx, phase (steps or q_len) and tool versions; not the variant, the build mode nor the compression."""
 
     reduced = reduced_source(spec.source)
-    fingerprint = {"source": reduced.fingerprint(), "kv_mode": spec.kv_mode, "ctx": spec.ctx,
+    fingerprint = {"source": reduced.fingerprint(), "kv_mode": spec.kv_mode, "ctx": equivalence_ctx(spec),
                    "steps": spec.equivalence_steps, "versions": tool_versions()}
     if spec.phase != "decode":
         fingerprint.update(phase=spec.phase, q_len=spec.q_len)
@@ -205,7 +231,7 @@ def check_reduced_equivalence(spec_json: dict) -> dict:
     model = build_model(reduced_source(spec.source))
     if spec.phase == "prefill":
         return equivalence_json(check_prefill_equivalence(model, spec.kv_mode, spec.ctx, spec.q_len))
-    return equivalence_json(check_equivalence(model, spec.kv_mode, spec.ctx, spec.equivalence_steps))
+    return equivalence_json(check_equivalence(model, spec.kv_mode, equivalence_ctx(spec), spec.equivalence_steps))
 
 
 class ReducedEquivalences:
@@ -234,8 +260,11 @@ class ReducedEquivalences:
             what = (f"{spec.equivalence_steps} decode steps" if spec.phase == "decode" else
                     f"prefill calls of {spec.q_len} tokens")
             where = f"in this process {in_process}" if in_process else "in a worker process"
+            ctx = equivalence_ctx(spec)
+            at = f"ctx {ctx}" + ("" if ctx == spec.ctx else f" (the build's {spec.ctx}: the slots past the "
+                                                                f"{spec.equivalence_steps} written are masked)")
             emit(0.01, "equivalence", f"checking the variants' equivalence {where}: {spec.kv_mode} KV, "
-                 f"ctx {spec.ctx}, {what}, fp32 and fp16, on a reduced model ({reduced}, random weights)")
+                 f"{at}, {what}, fp32 and fp16, on a reduced model ({reduced}, random weights)")
             if in_process or workers is None:
                 self.pending[digest] = spec.to_json()
                 continue

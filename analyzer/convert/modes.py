@@ -48,7 +48,12 @@ from analyzer.model.decode import DecodeStep, build_model, untie_embeddings_
 from analyzer.model.prefill import PrefillStep
 from analyzer.model.sources import geometry_of, load_config
 from analyzer.model.spec import BuildSpec, phases_of, tool_versions
-from analyzer.model.valuefree import ZeroPageProducts, assign_value_free_weights_, build_value_free_model
+from analyzer.model.valuefree import (
+    ZeroPageProducts,
+    assign_value_free_caches_,
+    assign_value_free_weights_,
+    build_value_free_model,
+)
 
 
 def make_step(model, spec: BuildSpec, phase: str, lazy_cache: bool = False):
@@ -199,6 +204,8 @@ def value_free_programs(spec: BuildSpec, out_dir: Path, progress=None) -> tuple[
         with ZeroPageProducts(model):  # the weights are zeros: products with them are too, uncomputed
             traces.append((clock(f"trace{suffix}_s", trace_step, step), step))
     clock("weights_s", assign_value_free_weights_, model)
+    for _, step in traces:  # the emptied lazy caches as one-value views: the same zeros, no scan per buffer
+        assign_value_free_caches_(step)
     programs = []
     for phase, (traced, step) in zip(phases, traces, strict=True):
         suffix = "" if len(phases) == 1 else f"_{phase}"

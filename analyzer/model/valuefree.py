@@ -93,18 +93,23 @@ class ZeroPageProducts(TorchDispatchMode):
     multiply-adds on the CPU), and so is every activation computed from the weights, so the attention products
     over the KV cache are zero too (``activation_hits``: this machine's fp16 ``bmm`` over a ctx-4096 cache made
     two thirds of a 1.2B model's trace). Products of other dtypes (RoPE's fp32 frequencies) are computed.
+    A contiguous copy of a broadcast view whose values are all zero is lazy zeros too (:meth:`_copy`).
     ``torch.jit.trace`` records each op above this mode and the values never reach the graph (tests compare the
     traced graphs, tensor types and strides included, with and without it)."""
 
     PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
+    COPY_MIN_ELEMENTS = 1 << 20  # smaller copies cost less than the check
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.weight_hits = self.activation_hits = 0
+        self.weight_hits = self.activation_hits = self.copy_hits = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten.clone.default:
+            return self._copy(args[0], kwargs) if kwargs.get("memory_format") is torch.contiguous_format \
+                else func(*args, **kwargs)
         if func not in self.PRODUCTS or args[-1].dtype != torch.float16:
             return func(*args, **kwargs)
         a, b = args[-2:]
@@ -114,6 +119,20 @@ class ZeroPageProducts(TorchDispatchMode):
             self.activation_hits += 1
         out = torch.zeros((*a.shape[:-1], b.shape[-1]), dtype=a.dtype)
         return out + args[0] * kwargs.get("beta", 1) if func is torch.ops.aten.addmm.default else out
+
+    def _copy(self, x: torch.Tensor, kwargs) -> torch.Tensor:
+        """A contiguous copy of a broadcast view (``repeat_kv``'s ``expand`` → ``reshape`` of the KV cache: G × the
+        cache written per layer, 16 GB for Llama-3.1-8B at ctx 32768) whose distinct elements are all zero bits (an
+        empty lazy cache; a slot the trace wrote holds the key of zero weights, zero unless a bias made it
+        otherwise) is :func:`zero_pages` of its shape: the same values and layout, nothing written. Any other copy
+        is made."""
+        zero_strided = 0 in x.stride()
+        if x.dtype == torch.float16 and x.numel() >= self.COPY_MIN_ELEMENTS and zero_strided and x.is_cpu:
+            distinct = x.as_strided([n if st else 1 for n, st in zip(x.shape, x.stride(), strict=True)], x.stride())
+            if not torch.count_nonzero(distinct.view(torch.int16)):  # bit patterns: -0.0 is not 0
+                self.copy_hits += 1
+                return zero_pages(x.shape, x.dtype)
+        return torch.ops.aten.clone.default(x, **kwargs)
 
 
 def value_free_constant(index: int) -> float:
@@ -133,6 +152,18 @@ def assign_value_free_weights_(model: nn.Module) -> int:
     for i, p in enumerate(params):
         p.data = torch.full((), value_free_constant(i), dtype=torch.float16).expand(p.shape)
     return len(params)
+
+
+def assign_value_free_caches_(step: nn.Module) -> int:
+    """Make a traced step's lazy KV cache (``lazy_cache``: zero pages, the slots its trace wrote emptied again, so
+    every element is 0) zero-stride views of one 0, in place: the same values, so the same program. coremltools'
+    TorchScript lowering compares every buffer with itself (``torch.equal``, which reads every element, 2·L·Hkv·ctx·D·2
+    bytes: what made a value-free conversion's CPU grow with ctx, bench/results/ctx_cost.json); a one-value view is
+    answered from one element (``analyzer.convert.step.one_value_equal``). Returns the number of buffers."""
+    caches = [b for name, b in step.named_buffers() if "_cache_" in name]
+    for buf in caches:
+        buf.data = torch.zeros((), dtype=buf.dtype).expand(buf.shape)
+    return len(caches)
 
 
 def reduced_source(source: ModelSource, layers: int = 2, vocab_size: int = 1000, intermediate_size: int = 512,

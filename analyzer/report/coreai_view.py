@@ -45,7 +45,8 @@ def fold_targets(refs: Sequence[AnalysisRef]) -> list[AnalysisRef]:
 
 def bench_frame(result: BenchResult) -> pd.DataFrame:
     """One row per target: decode tok/s (median and the slowest and fastest round), ms per token and its ratio to
-    the first target, and where the profiled time went by byte category."""
+    the first target with the interval the rounds give (``measure.bench.RATIO_METHOD``), its peak memory on the
+    runtime (``MEMORY_METHOD``; empty where not measured), and where the profiled time went by byte category."""
     base = result.targets[0].ms_per_token_median
     rows = []
     for t in result.targets:
@@ -54,5 +55,9 @@ def bench_frame(result: BenchResult) -> pd.DataFrame:
                      "tok/s (median)": t.tok_per_s_median, "tok/s (slowest round)": min(t.tok_per_s),
                      "tok/s (fastest round)": max(t.tok_per_s), "ms per token": t.ms_per_token_median,
                      "× first": t.ms_per_token_median / base,
+                     "× first, CI low": None if t.ratio is None else t.ratio.low,
+                     "× first, CI high": None if t.ratio is None else t.ratio.high,
+                     "CI level": None if t.ratio is None else t.ratio.level,
+                     "peak memory (bytes)": None if t.memory is None else t.memory.peak_bytes,
                      "profiled ms per token by category": ", ".join(f"{k} {v:.2f}" for k, v in by)})
     return pd.DataFrame(rows)

@@ -171,16 +171,39 @@ class CoreAIRuntime:
                  if ln.strip() and "Loading function" not in ln]
         return f"; last output: {lines[-1].strip()[:200]}" if lines else ""
 
-    def load(self, path: str | Path) -> LoadedModel:
-        """Check ``path`` is a Core AI asset, then load its ``main`` function in the child."""
+    def load(self, path: str | Path, compute_units: str | None = None) -> LoadedModel:
+        """Check ``path`` is a Core AI asset, then load its ``main`` function in the child. ``compute_units``
+        (:data:`COMPUTE_UNITS`): the specialisation the runtime is asked for; None or ``cpu`` on Linux, whose
+        runtime has only the CPU (:func:`check_compute_units`)."""
         asset = check_asset(path)
+        check_compute_units(compute_units)
         size = asset_bytes(asset)
-        reply, _ = self.request({"op": "load", "path": str(asset)}, None, "loading it", str(asset), child_limit(size))
+        header = {"op": "load", "path": str(asset), **({"compute_units": compute_units} if compute_units else {})}
+        reply, _ = self.request(header, None, "loading it", str(asset), child_limit(size))
         model = LoadedModel(self, reply["id"], asset, *(tuple(_tensor(t) for t in reply[k])
                                                         for k in ("inputs", "states", "outputs")))
         model.call_bytes = size + sum(t.nbytes for t in model.states)
         self._models.append(model)
         return model
+
+    def memory(self) -> tuple[int, int] | None:
+        """The child's resident set and its peak so far (``VmRSS``, ``VmHWM`` of /proc/PID/status), in bytes;
+        None where there is no /proc (macOS)."""
+        try:
+            text = Path(f"/proc/{self._proc.pid}/status").read_text()
+        except OSError:
+            return None
+        kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in text.splitlines() if ln.startswith(("VmRSS", "VmHWM"))}
+        return (kb["VmRSS"] * 1024, kb["VmHWM"] * 1024) if len(kb) == 2 else None
+
+    def reset_peak(self) -> bool:
+        """Reset the child's peak resident set to its current one (Linux ≥ 4.0: ``5`` written to
+        /proc/PID/clear_refs, proc(5)), so the next :meth:`memory` peak belongs to what ran since."""
+        try:
+            Path(f"/proc/{self._proc.pid}/clear_refs").write_text("5")
+            return True
+        except OSError:
+            return False
 
     def time_decode(self, models: list[LoadedModel], feeds: dict[int, list[dict[str, np.ndarray]]], rounds: int,
                     warmup: int) -> Timing:
@@ -196,6 +219,24 @@ class CoreAIRuntime:
                                  "rounds": rounds, "warmup": warmup}, arrays, "timing decode steps",
                                 ", ".join(str(m.path) for m in models), child_limit(work, RUNTIME_SECONDS_PER_GB))
         return Timing(reply["steps"], warmup, {int(k): tuple(v) for k, v in reply["round_s"].items()})
+
+
+# What ``--compute-units`` may ask the runtime for: Core AI's ComputeUnitKind (coreai-core 1.0.0b3,
+# coreai/runtime/__init__.pyi: cpu, gpu, neural_engine) or the runtime's own choice. Only macOS's Core AI specialises
+# (``SpecializationOptions``, USE_OS_COREAI=1); the Linux runtime has the CPU only, single-threaded.
+COMPUTE_UNITS = ("cpu", "gpu", "neural_engine", "default")
+
+
+def check_compute_units(units: str | None, platform: str = sys.platform) -> None:
+    """Refuse what this platform's runtime cannot do, before anything loads."""
+    if units is None:
+        return
+    if units not in COMPUTE_UNITS:
+        raise CoreAIRuntimeError(f"--compute-units {units!r}: choose one of {', '.join(COMPUTE_UNITS)}")
+    if units != "cpu" and not platform.startswith("darwin"):
+        raise CoreAIRuntimeError(f"--compute-units {units}: Apple's Core AI runtime on {platform} runs on the CPU "
+                                 "only (single-threaded; no GPU or Neural Engine specialisation); give cpu, or bench "
+                                 "on a Mac (macOS 27, USE_OS_COREAI=1)")
 
 
 def _tensor(t: dict) -> TensorInfo:

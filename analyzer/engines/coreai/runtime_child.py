@@ -86,7 +86,8 @@ def serve(fd: int) -> None:
     async def handle(header: dict, arrays: dict) -> tuple[dict, dict]:
         op = header["op"]
         if op == "load":
-            cm = AIModelAsset.load(Path(header["path"])).executable()
+            cm = AIModelAsset.load(Path(header["path"])).executable(
+                specialization_options=specialization(header.get("compute_units")))
             model = await cm.__aenter__()
             fn = model.load_function(FUNCTION)
             mid = len(models)
@@ -165,6 +166,22 @@ def serve(fd: int) -> None:
         for cm, *_ in models.values():
             loop.run_until_complete(cm.__aexit__(None, None, None))
         conn.close()
+
+
+def specialization(units: str | None):
+    """Core AI's specialisation options for ``--compute-units`` (runtime.COMPUTE_UNITS), None for the runtime's own
+    choice. Only the OS's Core AI specialises (macOS 27, USE_OS_COREAI=1); on Linux the runtime is CPU-only, so
+    ``cpu`` asks for nothing and the parent refuses the rest before loading (runtime.check_compute_units)."""
+    if units in (None, "default") or (units == "cpu" and not sys.platform.startswith("darwin")):
+        return None
+    from coreai.runtime import ComputeUnitKind, SpecializationOptions
+
+    if not SpecializationOptions.is_supported():
+        raise ValueError(f"--compute-units {units}: this Core AI runtime cannot specialise (set USE_OS_COREAI=1 on "
+                         "macOS 27)")
+    if units == "cpu":
+        return SpecializationOptions.cpu_only()
+    return SpecializationOptions.from_preferred_compute_unit_kind(getattr(ComputeUnitKind, units)())
 
 
 if __name__ == "__main__":
