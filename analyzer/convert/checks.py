@@ -39,6 +39,7 @@ from analyzer.errors import QfoldError
 from analyzer.fsio import read_json, write_json_atomic
 from analyzer.jsonfields import Field
 from analyzer.model.cost import estimate
+from analyzer.model.ctx_thresholds import ctx_regime
 from analyzer.model.decode import DecodeStep, build_model, run_decode
 from analyzer.model.equivalence import check_equivalence, check_prefill_equivalence
 from analyzer.model.sources import geometry_of, load_config
@@ -72,8 +73,6 @@ def equivalence_ctx(spec: BuildSpec) -> int:
     side of every ctx threshold (``analyzer.model.ctx_thresholds``: a sliding window shorter than one of them
     changes the step's ops, so the check keeps the build's ctx). A prefill check keeps its ctx (how many calls its
     prompt takes depends on it)."""
-    from analyzer.model.ctx_thresholds import ctx_regime
-
     if spec.phase != "decode" or spec.ctx <= EQUIVALENCE_CTX_CAP or spec.equivalence_steps > EQUIVALENCE_CTX_CAP:
         return spec.ctx
     config = load_config(reduced_source(spec.source))

@@ -30,12 +30,13 @@ import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from analyzer.analysis.accounting import CATEGORIES, OpBytes, account, split_by_bytes
+from analyzer.analysis.record import load_analysis
 from analyzer.engines.coreai.runtime import CoreAIRuntime, LoadedModel, Profile, asset_in, check_compute_units
 from analyzer.engines.interpret import decode_feeds
 from analyzer.errors import CoreAIRuntimeError
@@ -43,6 +44,7 @@ from analyzer.fsio import read_json
 from analyzer.ir.coreai.op_ids import read_op_ids
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.ir.mil_records import MilProgram
+from analyzer.ir.phase import call_shape
 
 DEFAULT_STEPS = 8
 DEFAULT_ROUNDS = 5
@@ -342,10 +344,6 @@ PHASES = ("decode", "prefill")
 def prefill_sibling(target: Target, q_len: int) -> Target:
     """The prefill build (``--phase prefill --q-len N``) of the spec a decode build folder holds, beside it in the
     same builds folder; refused with what to build when there is none."""
-    from dataclasses import replace
-
-    from analyzer.analysis.record import load_analysis
-
     folder = target.asset.parent
     if target.build_key is None or not (folder / "analysis.json").is_file():
         raise CoreAIRuntimeError(f"{target.asset}: --phase prefill needs a build folder (its prefill build is found "
@@ -376,8 +374,6 @@ def _expand_phases(targets: list[Target], phases: tuple[str, ...], q_len: int | 
 
 
 def _call_shape(program: MilProgram) -> tuple[str, int]:
-    from analyzer.ir.phase import call_shape
-
     shape = call_shape(program)
     return shape.phase, shape.tokens_per_call
 
@@ -465,8 +461,6 @@ def run_bench(paths: list[str | Path], labels: list[str | None] | None = None, s
 def _with_ratios_and_ttft(results: list[TargetBench], q_len: int | None) -> list[TargetBench]:
     """Each target's time ratio to the first of its phase (:func:`ratio_ci`) and its time to first token: a prefill
     call of the prompt (measured), or, for a decode target, one decode step per prompt token (derived)."""
-    from dataclasses import replace
-
     out, first = [], {}
     for t in results:
         base = first.setdefault(t.phase, t)
