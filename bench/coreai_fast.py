@@ -104,6 +104,31 @@ def save(key: str, value: dict) -> None:
     RESULTS.write_text(json.dumps(data, indent=1) + "\n")
 
 
+def compare_only(folder: Path, ctx: int) -> int:
+    """The analysis-mode Core AI A/B already in ``folder`` against the materialised one there, op for op
+    (``tests.test_fast_identity.assert_same_analysis``: op records, bytes by category and layer, op rows) and
+    figure by figure (:func:`against_materialised`)."""
+    from analyzer.analysis.record import load_analysis
+    from analyzer.model.sources import resolve_source
+    from analyzer.model.spec import ANALYSIS_MODE, BuildSpec
+    from tests.test_fast_identity import assert_same_analysis
+
+    keys = [BuildSpec(resolve_source(DEFAULT), v, "state", ctx, build_mode=ANALYSIS_MODE, backend="coreai").key
+            for v in ("repeat_kv", "qfold")]
+    docs = [json.loads((folder / k / "analysis.json").read_text()) for k in keys]
+    row = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "code_commit": code_commit(), "analysis_keys": keys,
+           "versus_materialised": against_materialised(docs, folder), "op_for_op": {}}
+    for d in docs:
+        mat = row["versus_materialised"][d["spec"]["variant"]]
+        if mat["found"]:
+            assert_same_analysis(load_analysis(folder / d["key"]).program,
+                                 load_analysis(folder / mat["materialised_key"]).program)
+            row["op_for_op"][d["spec"]["variant"]] = True
+    save(f"{DEFAULT}-ctx{ctx}-analysis-versus-materialised", row)
+    print(json.dumps(row, indent=1))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ctx", type=int, default=4096)
@@ -111,7 +136,11 @@ def main() -> int:
     p.add_argument("--materialised", type=Path, default=ROOT / "builds",
                    help="a builds folder holding the materialised Core AI builds to compare with")
     p.add_argument("--skip-coreml", action="store_true", help="only the Core AI A/B (no ratio)")
+    p.add_argument("--compare-only", action="store_true", help="no A/B: hold the analysis-mode Core AI builds in "
+                   "--materialised against the materialised ones there (qfold build --backend coreai, both modes)")
     a = p.parse_args()
+    if a.compare_only:
+        return compare_only(a.materialised, a.ctx)
     row: dict = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "code_commit": code_commit(),
                  "machine_at_start": machine()}
     if not a.skip_coreml:

@@ -70,7 +70,9 @@ def build_pair(overrides: list[str], ctx: int, weights: str, root: Path, full_si
     lock = fullsize_lock() if full_size else contextlib.nullcontext()
     with lock, TreeRss() as rss:
         t0 = time.monotonic()
-        results = run_builds(specs, root, on_progress=_progress(t0))
+        # one child per build: a second materialised Core AI build in the same child peaked at 10.1 GB where the
+        # first took 5.9 GB (fp16; builds/*/analysis.json peak_rss_bytes, 2026-12-06), which fp32 would double
+        results = [r for s in specs for r in run_builds([s], root, on_progress=_progress(t0))]
         wall = time.monotonic() - t0
     return ({s.variant: r.path for s, r in zip(specs, results, strict=True)},
             {"reused": False, "wall_s": round(wall, 1), "peak_rss_tree_bytes": rss.peak_bytes,

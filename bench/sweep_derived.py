@@ -12,7 +12,9 @@ under the machine-wide lock:
    against the direct build: the op table op for op (``analyzer.analysis.ctx_affine.same_program``), every byte
    category, every layer, every op count, FLOPs per token.
 
-Results: ``bench/results/sweep_derived.json``, with the machine's CPU count, memory and load average.
+Results: ``bench/results/sweep_derived.json``, with the machine's CPU count, memory and load average, the sweep's wall
+time over the direct A/B at ctx 4096 of the same run (issue 40's target: ≤ 3×) and its rows' figures against the
+previous results file's.
 """
 
 from __future__ import annotations
@@ -93,6 +95,29 @@ def run_direct(model: str, ctx: int, rows: list[dict], folder: Path) -> dict:
     return out
 
 
+FIGURES = ("tile_count", "total_ops", "bytes_total", "bytes_kv_read", "bytes_replication", "flops_total")
+
+
+def against_earlier(sweep: dict, direct: list[dict], results: Path) -> dict:
+    """The sweep's wall time over the A/B at ctx 4096 built directly in the same run (issue 40: ≤ 3×), and its
+    rows' figures against the previous results file's (the same 16 rows and figures, whatever was converted or
+    derived)."""
+    out: dict = {}
+    ab = next((d for d in direct if d["ctx"] == 4096), None)
+    if ab is not None:
+        out["sweep_wall_over_ab_4096_wall"] = round(sweep["wall_s"] / ab["wall_s"], 3)
+        out["target_sweep_over_ab_at_most"] = 3.0
+    if results.is_file():
+        before = {(r["variant"], r["ctx"]): r for r in json.loads(results.read_text())["sweep"]["rows"]}
+        now = {(r["variant"], r["ctx"]): r for r in sweep["rows"]}
+        differ = [f"{v} ctx {c}: {k}" for (v, c), r in now.items() for k in FIGURES
+                  if (v, c) not in before or before[(v, c)][k] != r[k]]
+        out["same_rows_and_figures_as_before"] = {"rows": len(now), "rows_before": len(before),
+                                                  "equal": not differ and set(now) == set(before),
+                                                  "differences": differ[:20]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-3.1-8b")
@@ -109,10 +134,13 @@ def main() -> None:
         direct = [run_direct(args.model, int(c), rows, work / "direct") for c in args.direct.split(",")]
         doc = {"model": args.model, "mode": ANALYSIS_MODE, "sweep": sweep, "direct_builds": direct,
                "all_equal": all(v["equal"] for d in direct for v in d["variants"].values()),
-               "machine": machine(), "date": time.strftime("%Y-%m-%d")}
+               "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+               **against_earlier(sweep, direct, args.out)}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
-        print(json.dumps({"direct": direct, "all_equal": doc["all_equal"]}, indent=1))
+        print(json.dumps({"direct": direct, "all_equal": doc["all_equal"],
+                          **{k: doc[k] for k in ("sweep_wall_over_ab_4096_wall", "same_rows_and_figures_as_before")
+                             if k in doc}}, indent=1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
