@@ -113,7 +113,7 @@ def build_all(specs: list[BuildSpec], out_dirs: dict[str, Path],
                   "after its own conversion" if side_by_side else "")
     # every worker process of this child in one pool, forked at once before any thread runs (progress.SharedWorkers)
     workers = SharedWorkers(max((analysis_workers(g) for g in groups.values()
-                                 if g[0].build_mode == ANALYSIS_MODE and g[0].backend != COREAI), default=0))
+                                 if g[0].build_mode == ANALYSIS_MODE), default=0))  # Core AI's too (coreai_build)
     equivalences = ReducedEquivalences(specs, equivalence_cache, in_process, workers)  # plans its own worker
     try:
         done = 0

@@ -42,12 +42,19 @@ from pathlib import Path
 
 from analyzer.analysis.program_json import program_from_json, program_to_json
 from analyzer.analysis.record import SCHEMA_VERSION
-from analyzer.convert.checks import is_reduced_size
 from analyzer.convert.compress.coreai_apply import compress_coreai_program
 from analyzer.convert.coreai_quick import one_value_converter
 from analyzer.convert.launch import ASSET_NAME
-from analyzer.convert.modes import _analyses, _describe, _plan, _torch_checks, _untie_if_needed, make_step
-from analyzer.convert.progress import Clock, emit, peak_rss_bytes, worker_pool
+from analyzer.convert.modes import (
+    _analyses,
+    _describe,
+    _plan,
+    _torch_checks,
+    _untie_if_needed,
+    analysis_workers,
+    make_step,
+)
+from analyzer.convert.progress import Clock, emit, peak_rss_bytes
 from analyzer.ir.coreai.walk import read_asset
 from analyzer.jsonfields import Field
 from analyzer.model.backends import TORCH_DTYPES, require_coreai
@@ -193,15 +200,14 @@ def coreai_value_free_job(spec_json: dict, out_dir: str) -> dict:
 
 
 class _CoreAIWorkers:
-    """The value-free builds of a group after the first, converted in worker processes beside the build child, as
-    ``analyzer.convert.modes`` does for Core ML: one per spare core (none on one core, nor for models of the reduced
-    model's size). Forked before this process makes its own MLIR context."""
+    """The value-free builds of a group after the first, converted in the child's worker processes
+    (``progress.SharedWorkers``, planned by ``child.build_all`` with ``modes.analysis_workers``: one per spare core,
+    none for models of the reduced model's size), as ``analyzer.convert.modes`` does for Core ML. The pool forks at
+    the first submit, before this process makes its own MLIR context."""
 
-    def __init__(self, specs: list[BuildSpec], out_dirs):
-        n = 0 if all(is_reduced_size(s) for s in specs) else min(len(specs), (os.cpu_count() or 1) - 1)
-        self.pool = worker_pool(n) if n > 0 else None
-        self.futures = {s.key: self.pool.submit(coreai_value_free_job, s.to_json(), str(out_dirs[s.key]))
-                        for s in specs} if self.pool else {}
+    def __init__(self, group: list[BuildSpec], out_dirs, workers):
+        self.futures = {s.key: workers.submit(coreai_value_free_job, s.to_json(), str(out_dirs[s.key]))
+                        for s in group[1:]} if workers is not None and analysis_workers(group) else {}
 
     def result(self, spec: BuildSpec):
         """(walked program, timings, the worker's peak RSS), or None when ``spec`` is converted here."""
@@ -213,8 +219,8 @@ class _CoreAIWorkers:
         return program, {**doc["timings_s"], "worker_wait_s": round(time.monotonic() - t, 3)}, doc["peak_rss_bytes"]
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        for future in self.futures.values():
+            future.cancel()
 
 
 def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, total: int):
@@ -227,7 +233,7 @@ def coreai_group(group: list[BuildSpec], out_dirs, equivalences, done: int, tota
     converted at the same time in worker processes (:class:`_CoreAIWorkers`), each with its own value-free model."""
     require_coreai(compression=any(s.compression for s in group))
     value_free = group[0].build_mode == ANALYSIS_MODE
-    workers = _CoreAIWorkers(group[1:], out_dirs) if value_free else None  # forked before any MLIR context exists
+    workers = _CoreAIWorkers(group, out_dirs, equivalences.workers) if value_free else None  # before any MLIR
     import coreai.authoring  # noqa: F401  (before coreai._compiler.dialects: the other order is a circular import)
 
     src, weights = group[0].source, group[0].weights
