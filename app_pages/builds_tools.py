@@ -119,9 +119,13 @@ def fold_section(root: Path) -> None:
             folded = fold_in_child(to_fold, root, roles, fold_shapes or None)
         except QfoldError as e:
             status.update(label="The fold failed", state="error")
-            widgets.error(e)
-            return
-        status.update(label="Folded", state="complete")
+            failed = e
+        else:
+            status.update(label="Folded", state="complete")
+            failed = None
+    if failed is not None:  # said outside the collapsed status, where it is seen
+        widgets.error(failed)
+        return
     if folded.exit_code != 0:
         st.warning(fmt.md_text(for_ui(f"qfold fold exited with status {folded.exit_code}: {folded.error}")))
     analyses.set_package_shapes(str(folded.artifact), fold_shapes)  # the fold keeps the original's inputs

@@ -122,7 +122,7 @@ def cases(tmp_path_factory) -> dict[str, tuple[list[str], str]]:
         "latin1": (broken_analysis("latin1", b'{"schema_version": 2, "x": "caf\xe9"}'),
                    r"latin1.analysis.json: not UTF-8 text"),
         "deep": (broken_analysis("deep", "[" * 50_000 + "]" * 50_000), r"deep.analysis.json: nested deeper than"),
-        "nan": (broken_analysis("nan", json.dumps(doc).replace('"schema_version": 2', '"schema_version": NaN')),
+        "nan": (broken_analysis("nan", re.sub(r'"schema_version": \d+', '"schema_version": NaN', json.dumps(doc), count=1)),
                 r"nan.analysis.json: field schema_version is NaN"),
         "truncated": (broken_analysis("truncated", json.dumps(doc)[: len(json.dumps(doc)) // 2]),
                       r"truncated.analysis.json: not valid JSON"),

@@ -48,10 +48,16 @@ def test_the_form_offers_each_backend_what_it_builds_and_refuses_the_rest(builds
     assert not any("--" in e for e in errors) and at.button(key="builds_convert").disabled
 
     at.radio(key="builds_backend").set_value("coreai").run()
-    at.selectbox(key="builds_compression").set_value("top8").run()
-    assert any("coreai-opt" in e for e in texts(at.error)) and at.button(key="builds_convert").disabled
+    at.selectbox(key="builds_compression").set_value("top8").run()  # materialised: coreai-opt compresses it
+    assert not at.error and not at.button(key="builds_convert").disabled
+    at.radio(key="builds_weights").set_value("fp16").run()
+    at.radio(key="builds_mode").set_value("analysis").run()  # value-free weights: no LUT to compute
+    errors = texts(at.error)
+    assert any("compression: coreai-opt computes each LUT" in e and "build it materialised" in e for e in errors), errors
+    assert at.button(key="builds_convert").disabled
     at.selectbox(key="builds_compression").set_value("none").run()
-    at.radio(key="builds_mode").set_value("analysis").run()  # value-free weights are fp16 views
+    assert not at.error and not at.button(key="builds_convert").disabled
+    at.radio(key="builds_weights").set_value("fp32").run()  # value-free weights are fp16 views
     assert any("value-free weights are fp16 views" in e for e in texts(at.error))
     at.radio(key="builds_weights").set_value("fp16").run()
     assert not at.error and not at.button(key="builds_convert").disabled

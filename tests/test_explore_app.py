@@ -61,6 +61,8 @@ def test_at_most_two_instances_per_session_stopped_with_it(builds_root, monkeypa
     instances = [inst for _, inst in at.session_state[explorer_tab.INSTANCES]]
     assert len(instances) == 2 and all(inst.alive for inst in instances)
     links = [b.proto.url for b in at.get("link_button")]
+    assert [u for u in links if u.startswith("./graph_page?")], links  # the tab's own "open in a new tab"
+    links = [u for u in links if not u.startswith("./graph_page?")]
     assert links == [inst.url for inst in instances]
     assert all(u.startswith(f"http://127.0.0.1:{inst.port}/?data=") for u, inst in zip(links, instances, strict=True))
     assert not [b for b in at.button if b.key == "ab_mx_start"]  # a third is not offered
