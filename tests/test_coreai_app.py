@@ -53,7 +53,8 @@ def test_the_form_offers_each_backend_what_it_builds_and_refuses_the_rest(builds
     at.radio(key="builds_weights").set_value("fp16").run()
     at.radio(key="builds_mode").set_value("analysis").run()  # value-free weights: no LUT to compute
     errors = texts(at.error)
-    assert any("compression: coreai-opt computes each LUT" in e and "build it materialised" in e for e in errors), errors
+    assert any("compression: coreai-opt computes each LUT" in e and "build it materialised" in e
+               for e in errors), errors
     assert at.button(key="builds_convert").disabled
     at.selectbox(key="builds_compression").set_value("none").run()
     assert not at.error and not at.button(key="builds_convert").disabled
