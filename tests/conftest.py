@@ -8,7 +8,9 @@ structure: the default preset's 30 layers and attention geometry at ctx 4096 wit
 analysis as a materialised build, op for op, tests/test_fast_identity.py; ~30 s a build where a materialised one
 took ~2.5 min of the suite).
 
-Tests marked ``full`` (full-size conversions, ~15 GB each) run only with ``QFOLD_FULL=1``.
+Tests marked ``full`` (full-size conversions, ~15 GB each) run only with ``QFOLD_FULL=1``; tests marked
+``extended`` (the rest of a matrix whose representatives the default run keeps: every preset, every kind) only with
+``QFOLD_EXTENDED=1``, so ``make test`` stays within 10 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -33,9 +35,19 @@ TINY_CTX = 256
 FOLD_REPORT_KEYS = ("backend", "source", "pass", "pass_version", "changed", "tiles_found", "tiles_folded",
                     "tiles_left", "tiles", "functions", "weights", "composite_calls", "timings_s")
 FULL_ENV = "QFOLD_FULL"
+EXTENDED_ENV = "QFOLD_EXTENDED"
 
 
 HEAVY_MARKS = ("conversion", "browser")
+
+
+def representatives(values, keep) -> list:
+    """``values`` as parameters, those not in ``keep`` marked ``extended`` (run with QFOLD_EXTENDED=1): the default
+    run keeps one of each kind that differs, the extended run every one."""
+    missing = set(keep) - set(values)
+    assert not missing, f"representatives not among the values: {sorted(missing)}"
+    return [v if v in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.extended)
+            for v in values]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -49,6 +61,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason=f"full-size conversions (~15 GB each): set {FULL_ENV}=1 to run")
         for item in items:
             if item.get_closest_marker("full") is not None:
+                item.add_marker(skip)
+    if os.environ.get(EXTENDED_ENV) != "1":
+        skip = pytest.mark.skip(reason=f"the extended matrix (the default run keeps its representatives): set "
+                                       f"{EXTENDED_ENV}=1 to run")
+        for item in items:
+            if item.get_closest_marker("extended") is not None:
                 item.add_marker(skip)
     heavy = {item.path for item in items if any(item.get_closest_marker(m) for m in HEAVY_MARKS)}
     items.sort(key=lambda item: item.path not in heavy)  # stable: a file's tests stay together and in order

@@ -31,7 +31,7 @@ from analyzer.ir.coreml.mil_reader import read_program
 from analyzer.model.decode import DecodeStep
 from analyzer.model.sources import geometry_of, list_presets, load_config, resolve_source
 from analyzer.model.valuefree import assign_value_free_weights_, build_value_free_model
-from tests.conftest import PRESET_CTX, preset_source
+from tests.conftest import PRESET_CTX, preset_source, representatives
 from tests.test_coreai import assert_causes_read_off_the_graphs
 
 pytestmark = pytest.mark.conversion
@@ -59,7 +59,8 @@ def kv_copies(a: Analysis):
     return [t for t in a.summary.tiles if t.kind == "kv_replication"]
 
 
-@pytest.mark.parametrize("preset", GQA_PRESETS)
+# the default, the 70B (8 of 64 heads) and gemma (its own head_dim and query scale); every preset: QFOLD_EXTENDED=1
+@pytest.mark.parametrize("preset", representatives(GQA_PRESETS, ("exaone-4.0-1.2b", "gemma-3-1b", "llama-3.1-70b")))
 def test_every_gqa_preset_on_both_backends(preset, tmp_path, preset_packages):
     g = GEOMETRIES[preset]
     small = geometry_of(load_config(preset_source(preset)))

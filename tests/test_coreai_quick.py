@@ -47,8 +47,8 @@ def _saved_program(spec: BuildSpec, converter, tmp_path) -> str:
 
 @pytest.mark.parametrize(("variant", "kv_mode", "phase", "mode"), [
     ("repeat_kv", "state", "decode", ANALYSIS_MODE),
-    ("sdpa_gqa", "input", "decode", ANALYSIS_MODE),
-    ("qfold", "state", "prefill", ANALYSIS_MODE),
+    pytest.param("sdpa_gqa", "input", "decode", ANALYSIS_MODE, marks=pytest.mark.extended),
+    pytest.param("qfold", "state", "prefill", ANALYSIS_MODE, marks=pytest.mark.extended),
     ("qfold", "state", "decode", MATERIALISED_MODE),
 ])
 def test_one_value_constants_save_the_same_bytecode(variant, kv_mode, phase, mode, tmp_path):

@@ -29,7 +29,7 @@ from analyzer.model.valuefree import (
     zero_pages,
 )
 
-from .conftest import TINY_CTX, TINY_OVERRIDES, TINY_Q_LEN
+from .conftest import TINY_CTX, TINY_OVERRIDES, TINY_Q_LEN, representatives
 
 pytestmark = pytest.mark.conversion
 
@@ -91,7 +91,8 @@ def _analysis(source, variant: str, ctx: int, path, plans=()):
     return out
 
 
-@pytest.mark.parametrize("preset", ["exaone-4.0-1.2b", "llama-3.2-1b", "qwen3-0.6b"])
+@pytest.mark.parametrize("preset", representatives(["exaone-4.0-1.2b", "llama-3.2-1b", "qwen3-0.6b"],
+                                                    ("exaone-4.0-1.2b",)))
 def test_two_layer_full_width_models_analyse_identically(preset, tmp_path):
     """Real hidden, intermediate and vocabulary sizes (tied embeddings, q/k norms, llama3 RoPE) at 2 layers."""
     source = resolve_source(preset, ["num_hidden_layers=2"])

@@ -149,6 +149,12 @@ def test_repeats_that_depend_on_a_flexible_input_leave_the_copy_saying_so(conver
         (True, False, f"tile repeats depend on hidden[1] over 1..{S}")] * 2
     r = cli("fold", src, tmp_path / "f.mlpackage", *shape, "--no-proof")
     assert r["code"] == 0 and f"repeats depend on hidden[1] over 1..{S}" in r["stdout"], r
+    assert r["stderr"].count("left in place: tile repeats depend on hidden[1]") == 2, r["stderr"]
+    doc = json.loads(cli("fold", src, tmp_path / "j.mlpackage", *shape, "--no-proof", "--json")["stdout"])
+    assert [t["reps_proved"] for t in doc["tiles"]] == [False, False]
+    r = cli("fold", src, tmp_path / "s.mlpackage", *shape, "--no-proof", "--strict")  # scripts: an error
+    assert r["code"] == 1 and "2 KV copies left whose repeats are not one value" in r["stderr"], r
+    assert "Traceback" not in r["stderr"] and not (tmp_path / "s.mlpackage").exists()
 
 
 @pytest.mark.parametrize("form", CORE_AI_FORMS)

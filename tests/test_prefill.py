@@ -15,6 +15,7 @@ from analyzer.model.equivalence import check_prefill_equivalence, prefill_tokens
 from analyzer.model.prefill import PrefillStep, make_prefill_mask, run_prefill
 from analyzer.model.sources import geometry_of, resolve_source
 from analyzer.predict.roofline import prompt_calls
+from tests.conftest import representatives
 
 N, CTX = 64, 128  # two prefill calls fill the cache; the second reads what the first wrote
 BASE = ["num_hidden_layers=2", "intermediate_size=256", "vocab_size=512"]
@@ -121,7 +122,7 @@ def _max_rank(program) -> int:
 
 
 @pytest.mark.conversion
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", representatives(PRESETS, ("exaone-4.0-1.2b", "gemma-3-1b", "phi-3-mini-4k")))
 def test_qfold_prefill_copies_no_kv_and_stays_at_rank_4(programs, preset):
     rkv, g, _ = programs(preset, "repeat_kv")
     qf, _, _ = programs(preset, "qfold")

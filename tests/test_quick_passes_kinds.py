@@ -7,7 +7,7 @@ own pipelines save, byte for byte (``Model.proto`` and every weight file), for e
 
 The default suite runs :data:`DEFAULT_KINDS`, one package that combines every kind but the families (decode+prefill,
 KV as inputs, palettes of 4-channel blocks for the FFN, int8 attention, an untied pal4 embedding and pal6 head) and
-one other family's plain decode (~17 s of CPU); ``QFOLD_MATRIX=1`` runs every kind on its own and every preset
+one other family's plain decode (~17 s of CPU); ``QFOLD_EXTENDED=1`` runs every kind on its own and every preset
 (29 packages twice: 143 s of CPU, all byte-identical on coremltools 9.0, 2026-12-06). Also here: the shortcuts are
 off, with one line, on a coremltools they were not proven on, and installing them is safe when two threads'
 conversions overlap."""
@@ -50,7 +50,6 @@ KINDS: dict[str, tuple] = {
        for preset in preset_names() for variant in ("repeat_kv", "qfold")},
 }
 DEFAULT_KINDS = ("all-but-families", "gemma-3-1b-repeat_kv")
-MATRIX_ENV = "QFOLD_MATRIX"
 
 
 def digests(pkg: Path) -> dict[str, str]:
@@ -83,8 +82,8 @@ def packages(kind: str, root: Path) -> tuple[dict[str, str], dict[str, str]]:
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=() if k in DEFAULT_KINDS else pytest.mark.skipif(
-    os.environ.get(MATRIX_ENV) != "1", reason=f"the whole matrix: set {MATRIX_ENV}=1")) for k in KINDS])
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=() if k in DEFAULT_KINDS else pytest.mark.extended)
+                                  for k in KINDS])
 def test_the_shortcuts_save_the_package_coremltools_saves(kind, tmp_path):
     assert quick_passes.shortcuts_apply()  # else this would compare coremltools with itself
     quick, plain = packages(kind, tmp_path)

@@ -24,7 +24,8 @@ Contract (scripts depend on these names):
                                           tolerance exits 1 (nothing written or cached); one that cannot run
                                           exits 1 unless --allow-unproven or --no-proof
   A figure that could not be computed (a flexible program the interpreter cannot size, a copy op without a size or
-  a verdict) is a warning on stderr, sized: false in --json; --strict makes it an error (exit 1).
+  a verdict) is a warning on stderr, sized: false in --json; --strict makes it an error (exit 1). So is, for fold,
+  a KV copy left because its computed repeats differ over the flexible range (tiles[].reps_proved false).
   run PKG --inputs IN.npz --out OUT.npz [--states S.npz] [--function NAME]
       (or --steps N [--input-spec SPEC.json] [--seed S] instead of --inputs: N seeded decode steps)
       PKG: a .mlpackage (MIL interpreter), a .aimodel (Core AI runtime) or a build folder holding one

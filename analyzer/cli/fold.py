@@ -34,7 +34,7 @@ from analyzer.analysis.sizing import Sizing
 from analyzer.cli.common import add_shape_option, add_strict_option, check_strict, positive_int, shapes_of, warn_unsized
 from analyzer.engines.coreai.runtime import asset_in
 from analyzer.engines.interpret import load_roles
-from analyzer.errors import FoldError
+from analyzer.errors import FoldError, UnsizedError
 from analyzer.fold.cache import check_fold_output, copy_package, fold_cached
 from analyzer.fold.coreai.asset_fold import fold_asset
 from analyzer.fold.fold_records import nothing_folded
@@ -88,6 +88,7 @@ def cmd_fold(args) -> int:
                          prove=not args.no_proof, shapes=shapes)
     check_disjoint(result.path, real_out, FoldError)  # never the cache entry itself
     check_strict(args, _warn_unsized(str(src), result.record["report"]))  # before OUT is written
+    _check_range(args, str(src), result.record["report"])
     refused = _unproven(args, src, out, FoldProof.from_json(result.record["proof"]))
     if refused is None:
         copy_package(result.artifact, real_out)
@@ -121,6 +122,7 @@ def _fold_asset(args, asset: Path) -> int:
                         prove=not args.no_proof, keep_unproven=args.allow_unproven)
     doc = report.to_json()
     check_strict(args, _warn_unsized(str(asset), doc))
+    _check_range(args, str(asset), doc)
     refused = _unproven(args, asset, Path(args.output), report.proof)
     return _report(args, _document(asset, Path(args.output), doc, report.proof.to_json(), refused=refused), refused)
 
@@ -151,6 +153,19 @@ def _warn_unsized(src: str, report: dict) -> list[str]:
     functions = report["functions"]
     return warn_unsized((f"{src} (function {f['function']})" if len(functions) > 1 else src,
                          Sizing((f["unsized_reason"],) if not f["sized"] else (), ())) for f in functions)
+
+
+def _check_range(args, src: str, report: dict) -> None:
+    """A KV copy left because its computed repeats were not proved one value over the flexible range is a warning
+    naming it; with ``--strict`` an error (exit 1, OUT not written): the folded figures hold at the stated shapes
+    only."""
+    left = [t for t in report["tiles"] if t["replication"] and not t["folded"] and t.get("reps_proved") is False]
+    for t in left:
+        print(f"warning: {src}: {t['op_type']} {t['name']!r} left in place: {t['reason']}", file=sys.stderr)
+    if left and getattr(args, "strict", False):
+        raise UnsizedError(f"{src}: {len(left)} KV cop{'y' if len(left) == 1 else 'ies'} left whose repeats are not "
+                           "one value over the flexible range (the warnings above say which); --strict makes that "
+                           "an error")
 
 
 def _dims(shape) -> str:

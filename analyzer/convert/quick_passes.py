@@ -5,7 +5,7 @@ empty and stay empty. About half of a small conversion's CPU.
 Proven per kind of build: the patched and unpatched conversions save byte-identical packages (the same
 ``Model.proto``, the same weight files) for compressed (palettized, int8, per-block LUTs), prefill, decode+prefill
 multi-function, KV-as-input builds and a 2-layer build of every preset family (tests/test_quick_passes_kinds.py; the
-whole matrix with ``QFOLD_MATRIX=1``). The shortcuts replace private coremltools attributes, so they are installed
+whole matrix with ``QFOLD_EXTENDED=1``). The shortcuts replace private coremltools attributes, so they are installed
 only on the coremltools versions they were proven on (:data:`PROVEN_ON`); on any other the pipelines run as
 coremltools ships them, and one line says so. ``QFOLD_QUICK_PASSES=0`` turns them off (to compare).
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # The Core ML pass's (``gqa_fold``) name and version, here so the fold cache's keys are made without coremltools.
 # Bump when the rewrite changes what it emits: folded packages are cached under (package hash, PASS_VERSION).
-PASS_VERSION = 3
+PASS_VERSION = 4  # 4: tiles[] say whether computed repeats were proved over the range (fold --strict)
 PASS_NAME = "qfold::fold_gqa_replication"
 
 
@@ -44,6 +44,9 @@ class CopyDecision:
     op_type: str = "tile"  # the op that copies: tile, gather, concat (Core AI: coreai.broadcast_in_dims, ...)
     reps: tuple[int, ...] | None = None  # a tile's repeats (None for a gather or concat copy, or not evaluated)
     reps_from: str | None = None  # "constant" (its reps input), "program" (computed at run time), None
+    # computed repeats: whether their value was proved over the whole flexible range (None: constant or not a tile);
+    # a KV copy left for False is what ``fold --strict`` refuses
+    reps_proved: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,7 +183,7 @@ class fold_gqa_replication(AbstractGraphPass):  # coremltools names a pass by it
         common = dict(function=function, name=tile.outputs[0].name,
                       input_shape=plain_shape(copy_input(tile).shape), output_shape=plain_shape(tile.outputs[0].shape),
                       replication=verdict is not None and verdict.is_kv, op_type=tile.op_type, reps=reps,
-                      reps_from=reps_from)
+                      reps_from=reps_from, reps_proved=None if proof is None else proof.proved)
         if rep is None:
             extra = {}
             if verdict is not None and verdict.is_kv:
