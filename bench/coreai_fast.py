@@ -129,6 +129,19 @@ def compare_only(folder: Path, ctx: int) -> int:
     return 0
 
 
+QUIET_LOAD = 1.5
+QUIET_WAIT_S = 300.0
+
+
+def wait_for_quiet(load: float, limit_s: float) -> float:
+    """Seconds waited (at most ``limit_s``) until the 1-min load average is at most ``load``: the A/B before a
+    preset's leaves the machine's load at ~2 on 2 cores, and the results file records the load it started at."""
+    t0 = time.monotonic()
+    while os.getloadavg()[0] > load and time.monotonic() - t0 < limit_s:
+        time.sleep(5)
+    return time.monotonic() - t0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ctx", type=int, default=4096)
@@ -159,7 +172,9 @@ def main() -> int:
                           "met": row["ratios"]["coreai_wall_over_coreml_wall"] <= 2.0
                           and ai["peak_rss_tree_bytes"] <= 4 * 10**9}
     for preset in a.also:
-        print(f"{preset}: Core AI analysis-mode A/B ...", flush=True)
+        waited = wait_for_quiet(QUIET_LOAD, QUIET_WAIT_S)  # the issue's 70B target is stated at a 1-min load ≤ 1.5
+        print(f"{preset}: Core AI analysis-mode A/B (waited {waited:.0f} s for a 1-min load ≤ {QUIET_LOAD}) ...",
+              flush=True)
         r, _ = run_ab(preset, a.ctx, "coreai")
         r["targets"] = {"wall_s_at_most": 300, "peak_rss_tree_bytes_at_most": 6 * 10**9,
                         "load_average_1min_at_start_at_most": 1.5,

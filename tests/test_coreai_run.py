@@ -306,8 +306,11 @@ def test_bench_times_prefill_beside_decode_with_ttft_memory_and_an_interval(core
     for t in (rows[1], rows[3]):
         r = t["ratio_to_first"]
         assert r["rounds"] == 3 and r["low"] <= r["median"] <= r["high"] and r["level"] == 0.75
+    # the first target loaded pays the runtime's start; a later tiny one may load into memory the allocator freed
+    # (its RSS growth 0, measured as such: seen in a full run), so only the first's growth must be positive
+    assert rows[0]["memory"]["resident_bytes"] > 0
     for t in rows:
-        assert t["memory"]["peak_bytes"] >= t["memory"]["resident_bytes"] > 0
+        assert t["memory"]["peak_bytes"] >= t["memory"]["resident_bytes"] >= 0 and t["memory"]["peak_bytes"] > 0
         assert t["ttft_ms"] == pytest.approx(8 * t["ms_per_token_median"] if t["phase"] == "decode"
                                              else t["ms_per_call_median"])
         assert t["tok_per_s_median"] == pytest.approx(1e3 / t["ms_per_token_median"])
