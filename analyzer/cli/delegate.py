@@ -31,7 +31,7 @@ from analyzer.convert.builds_folder import key_lock, tmp_folder
 from analyzer.convert.launch import ASSET_NAME, PACKAGE_NAME, REPO_ROOT, TIMEOUT_FACTOR, TIMEOUT_FIXED_S, child_env
 from analyzer.errors import QfoldError
 from analyzer.fold.cache import FOLD_FILE, FOLDS_DIR
-from analyzer.fold.fold_records import nothing_folded
+from analyzer.fold.fold_records import fold_summary
 from analyzer.fold.proof import FoldProof
 from analyzer.ir.coreai.native_child import asset_bytes
 from analyzer.measure.bench import BenchResult
@@ -136,16 +136,8 @@ class Folded:
         return FoldProof.from_json(self.doc["proof"])
 
     def summary(self) -> str:
-        """One line for the UI (as ``FoldResult.summary``): copies, bytes per token of the first function, the
-        proof (an unproven one said to be)."""
-        r = self.doc
-        ops = "replication ops" if r.get("backend") == "coreai" else "tile ops"
-        if not r["changed"]:
-            return nothing_folded(r)
-        f = r["functions"][0]
-        before, after = f["before"]["total"], f["after"]["total"]
-        return (f"{r['tiles_folded']} of {r['tiles_found']} {ops} folded; bytes per token "
-                f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: {self.proof.headline()}")
+        """One line for the UI, as ``FoldResult.summary`` (an unproven proof said to be)."""
+        return fold_summary(self.doc, self.proof.headline())
 
 
 def fold_in_child(src: str | Path, root: Path, roles_path: str | None = None,

@@ -87,8 +87,7 @@ def cmd_fold(args) -> int:
     result = fold_cached(src, args.builds_dir, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
                          prove=not args.no_proof, shapes=shapes)
     check_disjoint(result.path, real_out, FoldError)  # never the cache entry itself
-    check_strict(args, _warn_unsized(str(src), result.record["report"]))  # before OUT is written
-    _check_range(args, str(src), result.record["report"])
+    _check_figures(args, str(src), result.record["report"])  # before OUT is written
     refused = _unproven(args, src, out, FoldProof.from_json(result.record["proof"]))
     if refused is None:
         copy_package(result.artifact, real_out)
@@ -121,8 +120,7 @@ def _fold_asset(args, asset: Path) -> int:
     report = fold_asset(asset, args.output, steps=args.steps, seed=args.seed, roles_path=args.input_spec,
                         prove=not args.no_proof, keep_unproven=args.allow_unproven)
     doc = report.to_json()
-    check_strict(args, _warn_unsized(str(asset), doc))
-    _check_range(args, str(asset), doc)
+    _check_figures(args, str(asset), doc)
     refused = _unproven(args, asset, Path(args.output), report.proof)
     return _report(args, _document(asset, Path(args.output), doc, report.proof.to_json(), refused=refused), refused)
 
@@ -155,10 +153,11 @@ def _warn_unsized(src: str, report: dict) -> list[str]:
                          Sizing((f["unsized_reason"],) if not f["sized"] else (), ())) for f in functions)
 
 
-def _check_range(args, src: str, report: dict) -> None:
-    """A KV copy left because its computed repeats were not proved one value over the flexible range is a warning
-    naming it; with ``--strict`` an error (exit 1, OUT not written): the folded figures hold at the stated shapes
-    only."""
+def _check_figures(args, src: str, report: dict) -> None:
+    """What the report could not settle, each a warning on stderr and, with ``--strict``, an error (exit 1, OUT not
+    written): a function that could not be sized, and a KV copy left because its computed repeats were not proved
+    one value over the flexible range (the folded figures hold at the stated shapes only)."""
+    check_strict(args, _warn_unsized(src, report))
     left = [t for t in report["tiles"] if t["replication"] and not t["folded"] and t.get("reps_proved") is False]
     for t in left:
         print(f"warning: {src}: {t['op_type']} {t['name']!r} left in place: {t['reason']}", file=sys.stderr)

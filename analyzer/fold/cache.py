@@ -47,7 +47,7 @@ from analyzer.engines.coreai.runtime import asset_in
 from analyzer.errors import FoldError, QfoldError
 from analyzer.fold.coreai import asset_fold
 from analyzer.fold.coreml.package import fold_package, package_digest
-from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION, nothing_folded
+from analyzer.fold.fold_records import PASS_NAME, PASS_VERSION, fold_summary
 from analyzer.fold.proof import (
     DEFAULT_STEPS,
     NOT_REQUESTED,
@@ -85,16 +85,8 @@ class FoldResult:
         return self.proof.headline()
 
     def summary(self) -> str:
-        """One line for the UI: copies (MIL tiles or Core AI replication ops), bytes per token of the first
-        function, and the proof."""
-        r = self.record["report"]
-        if not r["changed"]:
-            return nothing_folded(r)
-        ops = "replication ops" if r.get("backend") == "coreai" else "tile ops"
-        f = r["functions"][0]
-        before, after = f["before"]["total"], f["after"]["total"]
-        return (f"{r['tiles_folded']} of {r['tiles_found']} {ops} folded; bytes per token "
-                f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: {self.proof_headline}")
+        """One line for the UI (:func:`~analyzer.fold.fold_records.fold_summary`)."""
+        return fold_summary(self.record["report"], self.proof_headline)
 
 
 def fold_key(digest: str) -> str:

@@ -138,10 +138,25 @@ class FoldReport:
         }
 
 
+def _copy_ops(report: dict[str, Any]) -> str:
+    return "replication ops" if report.get("backend") == "coreai" else "tile ops"
+
+
+def fold_summary(report: dict[str, Any], proof_headline: str) -> str:
+    """One line for the UI from a fold report (:meth:`FoldReport.to_json`) and its proof's headline: copies (MIL
+    tiles or Core AI replication ops), bytes per token of the first function, the proof."""
+    if not report["changed"]:
+        return nothing_folded(report)
+    f = report["functions"][0]
+    before, after = f["before"]["total"], f["after"]["total"]
+    return (f"{report['tiles_folded']} of {report['tiles_found']} {_copy_ops(report)} folded; bytes per token "
+            f"{before / (1 << 20):,.1f} → {after / (1 << 20):,.1f} MiB; equivalence: {proof_headline}")
+
+
 def nothing_folded(report: dict[str, Any]) -> str:
     """What a report that folded nothing says: no copy of K/V for attention, or, when a function could not be
     sized, that whether its copies are KV replication is unknown (never "none" for what was not decided)."""
-    ops = "replication ops" if report.get("backend") == "coreai" else "tile ops"
+    ops = _copy_ops(report)
     unsized = [f["function"] for f in report["functions"] if not f.get("sized", True)]
     if unsized:
         return (f"nothing folded: {report['tiles_found']} {ops}; whether they copy K/V for attention is unknown "
