@@ -1,25 +1,19 @@
 """Core AI builds without the work that grows with weights or layers but cannot change the asset they make: the
-Core AI analogue of ``header_blobs`` and ``quick_passes`` (bench/profile_coreai_build.py measures each).
+Core AI analogue of ``header_blobs`` and ``quick_passes`` (bench/profile_coreai_build.py measures it).
 
 * :class:`OneValueConstants` (analysis mode): coreai-torch's ``TorchConverter._constant_from_tensor`` makes every
   weight contiguous before MLIR stores it, so a value-free weight (a zero-stride fp16 view of one value,
   ``analyzer.model.valuefree``) is materialised, then scanned and found a splat: 2 bytes per parameter written and
   read (a 70B model: 140 GB). Given one element, ``coreai.create_elements_attr`` makes the same splat attribute
   (MLIR attributes are uniqued: the same object, so the same bytecode), at no cost.
-* :func:`lazy_recompile`: ``torch.fx.GraphModule.recompile`` writes and compiles the Python source of a graph
-  after every pass of ``torch.export``, ``run_decompositions`` and coreai-torch (19 times for one build), although
-  only the graph is read; inside the context the source is made when something asks for it (``code``, a call),
-  as ``torch.fx._lazy_graph_module`` does for the graphs it makes.
 
-Each is exact by construction: tests/test_coreai_quick.py builds the same step with and without them and compares
+It is exact by construction: tests/test_coreai_quick.py builds the same step with and without it and compares
 the saved bytecode's program (its MLIR text, debug locations included) and the walked op records.
 """
 
 from __future__ import annotations
 
 import math
-
-SHORTCUTS = ("one_value_constants", "lazy_recompile")  # what a build's timings and notes name
 
 
 def is_one_value_view(tensor) -> bool:
