@@ -60,12 +60,14 @@ def add_analysis_options(p: argparse.ArgumentParser) -> None:
 
 
 def load_for_cli(path: str, args: argparse.Namespace):
-    """The analyses a path names: one per function of a package unless ``--function`` picks one."""
+    """The analyses a path names: one per function of a package unless ``--function`` picks one (compressed weights
+    charged as ``--weight-charge`` says, as stored for a command without it)."""
 
     shapes = shapes_of(args)
+    charge = getattr(args, "weight_charge", DEFAULT_WEIGHT_CHARGE)
     if args.function:
-        return (load_analysis(path, args.function, args.weight_charge, shapes),)
-    return load_analyses(path, args.weight_charge, shapes)
+        return (load_analysis(path, args.function, charge, shapes),)
+    return load_analyses(path, charge, shapes)
 
 
 def add_strict_option(p: argparse.ArgumentParser) -> None:

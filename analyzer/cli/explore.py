@@ -19,9 +19,9 @@ import tempfile
 import webbrowser
 from pathlib import Path
 
-from analyzer.analysis.record import Analysis, load_analyses, load_analysis
+from analyzer.analysis.record import Analysis
 from analyzer.analysis.shapes import shapes_label
-from analyzer.cli.common import add_shape_option, check_shape_names, positive_int, shapes_of, warn_unsized, where_of
+from analyzer.cli.common import add_shape_option, check_shape_names, load_for_cli, positive_int, warn_unsized, where_of
 from analyzer.cli.diff import side_values
 from analyzer.cli.graph import label_of
 from analyzer.cli.placement import join_for_cli
@@ -52,12 +52,6 @@ def add_parser(sub) -> None:
 
 def _say(msg: str) -> None:
     print(f"qfold explore: {msg}", file=sys.stderr, flush=True)
-
-
-def _analyses(path: str, args) -> tuple[Analysis, ...]:
-    shapes = shapes_of(args)
-    return (load_analysis(path, args.function, shapes=shapes),) if args.function else \
-        load_analyses(path, shapes=shapes)
 
 
 def _side(path: str, analyses: tuple[Analysis, ...], plan: str | None) -> mx.ExploreSide:
@@ -105,8 +99,8 @@ def cmd_explore(args) -> int:
     serve = args.out is None and mx.explorer_installed()
     if serve:
         mx.check_port(args.port)  # before the work: a busy port is an error at once
-    side_a = _analyses(args.a, args)
-    side_b = _analyses(args.b, args) if args.b else None
+    side_a = load_for_cli(args.a, args)
+    side_b = load_for_cli(args.b, args) if args.b else None
     check_shape_names(args, *(x.program for x in (*side_a, *(side_b or ()))))
     warn_unsized((f"{key} {where_of(path, x.function, len(side) > 1)}", x.sizing)  # its overlays leave it out
                  for key, path, side in (("A", args.a, side_a), ("B", args.b, side_b or ())) for x in side)
